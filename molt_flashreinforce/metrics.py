@@ -1,0 +1,44 @@
+"""Metric (TensorBoard tag) names shared by every backend and by the report.
+
+Molt's `TrainingActor` logs each step's dict under `train/<key>` and eval results under
+`eval/<key>` (W&B and TensorBoard alike). The local CPU backend writes the same tags, so
+one report reads both. Keep every tag this package writes or reads here.
+"""
+
+from __future__ import annotations
+
+# ── rollout statistics (Molt: rl_trainer.py, the `rollout/*` keys) ──
+REWARD_MEAN = "train/rollout/reward_mean"
+REWARD_STD = "train/rollout/reward_std"
+ROLLOUT_PASS1 = "train/rollout/pass1"
+NUM_ROLLOUTS = "train/rollout/num_rollouts"
+RESPONSE_LENGTH_MEAN = "train/rollout/response_length_mean"
+TRUNCATED_RATE = "train/rollout/truncated_rate"
+
+# ── actor statistics (Molt: policy_actor.py) ──
+POLICY_LOSS = "train/policy_loss"
+ADVANTAGE_MEAN = "train/advantage_mean"
+ACTOR_LR = "train/actor_lr"
+ACTOR_GRAD_NORM = "train/actor_grad_norm"
+IS_FILTER_RATIO = "train/is_filter_ratio"  # fraction of trajectories the trust region rejected
+VLLM_KL = "train/vllm_kl"
+
+# ── added by this package ──
+ACCEPTANCE_RATE = "train/flashreinforce/acceptance_rate"  # 1 - is_filter_ratio
+SEQUENCE_KL_MEAN = "train/flashreinforce/sequence_kl_mean"
+RETAINED_TOKEN_FRACTION = "train/flashreinforce/retained_token_fraction"
+POLICY_LAG_MEAN = "train/policy_lag_mean"
+POLICY_LAG_MAX = "train/policy_lag_max"
+ROLLOUTS_CONSUMED = "train/rollouts_consumed"  # cumulative trajectories trained on
+TOOL_CALLS = "train/tool_calls"  # numeric agent `Result.info` key `tool_calls`
+TURNS = "train/turns"
+
+
+def eval_pass1(datasource: str) -> str:
+    """Mean over prompts of the mean reward of its eval samples (avg@n), per datasource."""
+    return f"eval/eval_{datasource}_pass1"
+
+
+def eval_passn(datasource: str, n: int) -> str:
+    """Mean over prompts of the best reward of its n eval samples (pass@n)."""
+    return f"eval/eval_{datasource}_pass{n}"
