@@ -1,0 +1,321 @@
+"""The FlashREINFORCE objective in pure torch (no Molt import).
+
+Contract, for a learner batch of B complete trajectories on one device:
+
+    flashreinforce_loss(log_probs, behavior_log_probs, rewards, mask, config,
+                        failures=None, entropies=None) -> FlashReinforceOutput
+        log_probs           [B, T] float  log pi_theta of the sampled tokens (carries the graph)
+        behavior_log_probs  [B, T] float  log mu: the log-probs stored when the tokens were sampled
+        rewards             [B]    float  one scalar per trajectory
+        mask                [B, T] bool   policy tokens (False on prompt, tool output, padding)
+        failures            [B]    bool   explicit failure labels (entropy filter only)
+        entropies           [B, T] float  full-vocabulary entropy per position (entropy filter only)
+
+The math (paper defaults; each `FlashReinforceConfig` field is one of the paper's ablations):
+
+    A_i   = R_i - mean_j R_j                    over the full batch, before any gating; detached
+    d_it  = KL(Bern(p) || Bern(q)),  p = clamp(mu_it), q = clamp(pi_it) to [1e-6, 1 - 1e-6]
+    m_i   = [ mean_{t in A_i} d_it <= delta ]   sequence trust region (inclusive)
+    rho   = exp(log pi - log mu)                detached, unclipped, only on admitted tokens
+    L     = -(1/B) sum_i (1/T_i) sum_{t kept, m_i} rho_it * A_i * log pi_it
+
+T_i is the row's original policy-token count and B the original batch size: rejected rows and
+filtered tokens shrink the step, they never renormalise it. Values in non-policy slots are ignored
+(NaN and inf included); a non-finite ratio on an admitted token raises. float64 inputs stay float64,
+every other float dtype is promoted to float32 first.
+
+`flashreinforce_policy_loss` is the same objective with the advantages already computed and the
+denominators (B, total tokens) given by the caller: that is the form Molt needs, because it calls
+the loss once per micro-batch of a larger optimizer-step window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+import torch
+
+PROBABILITY_CLAMP = 1e-6  # Molt clamps both probabilities to [1e-6, 1 - 1e-6] before the binary KL.
+# The geometric gate mean needs log(d) and d is exactly 0 wherever both probabilities agree (or
+# are clamped together), so d is floored here first. Our choice: small enough that it never
+# decides a gate with delta >= 1e-9 on its own, documented with the ablation.
+GEOMETRIC_GATE_FLOOR = 1e-12
+# ceil(q * T) in floating point: 0.9 * 10 = 9.000000000000002 must keep 9 tokens, not 10.
+_CEIL_TOLERANCE = 1e-9
+
+GATE_LEVELS = ("sequence", "token")
+GATE_MEANS = ("arithmetic", "geometric")
+REDUCTIONS = ("sample_mean", "token_mean", "constant_length")
+
+
+@dataclass(frozen=True)
+class FlashReinforceConfig:
+    """The algorithm's knobs. Defaults are the paper's method with the reference loss's delta."""
+
+    delta: float = 3e-3  # trust-region threshold on the mean Bernoulli KL; inf = no trust region
+    gate_level: str = "sequence"  # sequence: drop the trajectory; token: drop single tokens
+    gate_mean: str = "arithmetic"  # how the sequence gate averages the per-token KL
+    reduction: str = "sample_mean"  # sample_mean | token_mean | constant_length
+    constant_length: int | None = None  # the length constant of reduction=constant_length
+    importance_sampling: bool = True  # False: ratio 1 and, as in the paper's ablation, no gate
+    entropy_filter_q: float = 1.0  # keep ceil(q*T_i) highest-entropy tokens of failed rows
+
+    def __post_init__(self) -> None:
+        delta = float(self.delta)
+        if math.isnan(delta) or delta < 0:
+            raise ValueError(f"delta must be >= 0 (inf disables the trust region), got {self.delta!r}")
+        object.__setattr__(self, "delta", delta)
+        if self.gate_level not in GATE_LEVELS:
+            raise ValueError(f"gate_level must be one of {GATE_LEVELS}, got {self.gate_level!r}")
+        if self.gate_mean not in GATE_MEANS:
+            raise ValueError(f"gate_mean must be one of {GATE_MEANS}, got {self.gate_mean!r}")
+        if self.gate_level == "token" and self.gate_mean != "arithmetic":
+            raise ValueError("gate_mean averages over a trajectory, so it needs gate_level=sequence; "
+                             "the token gate compares each token's KL with delta directly")
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
+        if self.reduction == "constant_length":
+            if self.constant_length is None or int(self.constant_length) != self.constant_length \
+                    or self.constant_length <= 0:
+                raise ValueError("reduction=constant_length needs a positive integer constant_length "
+                                 f"(the paper's tool variant uses 6144), got {self.constant_length!r}")
+        elif self.constant_length is not None:
+            raise ValueError(f"constant_length is only used by reduction=constant_length, "
+                             f"got it with reduction={self.reduction!r}; remove it or change the reduction")
+        q = float(self.entropy_filter_q)
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"entropy_filter_q must be in [0, 1] (1 = filter off), got {self.entropy_filter_q!r}")
+        object.__setattr__(self, "entropy_filter_q", q)
+        if not isinstance(self.importance_sampling, bool):
+            raise ValueError(f"importance_sampling must be true or false, got {self.importance_sampling!r}")
+
+    @property
+    def uses_entropy_filter(self) -> bool:
+        return self.entropy_filter_q < 1.0
+
+    @classmethod
+    def from_algo(cls, algo: Mapping[str, Any] | Any) -> "FlashReinforceConfig":
+        """Build from a Hydra `algo` node, a dict or a namespace; keys that are not knobs are ignored."""
+        get = algo.get if hasattr(algo, "get") else lambda key, default=None: getattr(algo, key, default)
+        values = {}
+        for field in fields(cls):
+            value = get(field.name, None)
+            if value is not None:
+                values[field.name] = value
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class FlashReinforceStats:
+    """Detached per-batch diagnostics."""
+
+    advantages: torch.Tensor  # [B] A_i
+    sequence_kl: torch.Tensor  # [B] the row's mean Bernoulli KL (geometric mean under gate_mean=geometric)
+    admitted: torch.Tensor  # [B] bool: every policy token of the row passed the gate
+    acceptance_rate: torch.Tensor  # () admitted rows / B (sequence gate) or admitted tokens / tokens (token gate)
+    policy_tokens: torch.Tensor  # [B] T_i
+    retained_tokens: torch.Tensor  # [B] tokens that carried gradient (admitted and kept by the filter)
+
+
+@dataclass(frozen=True)
+class FlashReinforceOutput:
+    loss: torch.Tensor  # () differentiable with respect to log_probs only
+    stats: FlashReinforceStats
+    token_coefficients: torch.Tensor  # [B, T] detached d(loss)/d(log_probs), zero off the active tokens
+
+
+def batch_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """A_i = R_i - mean(R) over the whole batch: no group, no critic, no std scaling."""
+    return rewards - rewards.mean()
+
+
+def flashreinforce_loss(
+    log_probs: torch.Tensor,
+    behavior_log_probs: torch.Tensor,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    config: FlashReinforceConfig = FlashReinforceConfig(),
+    *,
+    failures: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
+) -> FlashReinforceOutput:
+    """The FlashREINFORCE loss over one whole learner batch (see the module docstring)."""
+    _check_log_prob_inputs(log_probs, behavior_log_probs, mask)
+    if rewards.shape != (log_probs.shape[0],):
+        raise ValueError(f"rewards must have shape [B]=({log_probs.shape[0]},), got {tuple(rewards.shape)}")
+    if rewards.device != log_probs.device:
+        raise ValueError(f"rewards are on {rewards.device} but log_probs on {log_probs.device}; move them together")
+    rewards = rewards.detach().to(_compute_dtype(log_probs))
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards must be finite; check the reward function for NaN/inf")
+    return _objective(log_probs, behavior_log_probs, batch_mean_advantages(rewards), mask, config,
+                      failures=failures, entropies=entropies, batch_size=None, batch_tokens=None)
+
+
+def flashreinforce_policy_loss(
+    log_probs: torch.Tensor,
+    behavior_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: FlashReinforceConfig = FlashReinforceConfig(),
+    *,
+    failures: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
+    batch_size: int | torch.Tensor | None = None,
+    batch_tokens: int | torch.Tensor | None = None,
+) -> FlashReinforceOutput:
+    """The objective for a slice of a larger batch: `advantages` [B] are given (already centred over
+    the whole batch) and `batch_size` / `batch_tokens` are the whole batch's trajectory and policy-token
+    counts (default: this slice's). Summing the slices' losses gives the whole batch's loss exactly."""
+    _check_log_prob_inputs(log_probs, behavior_log_probs, mask)
+    if advantages.shape != (log_probs.shape[0],):
+        raise ValueError(f"advantages must have shape [B]=({log_probs.shape[0]},), got {tuple(advantages.shape)}")
+    advantages = advantages.detach().to(_compute_dtype(log_probs))
+    if not torch.isfinite(advantages).all():
+        raise ValueError("advantages must be finite")
+    return _objective(log_probs, behavior_log_probs, advantages, mask, config, failures=failures,
+                      entropies=entropies, batch_size=batch_size, batch_tokens=batch_tokens)
+
+
+# ──────────────── implementation ────────────────
+
+
+def _compute_dtype(log_probs: torch.Tensor) -> torch.dtype:
+    # exp() of a bf16/fp16 log-prob difference loses the ratio entirely; float64 stays exact.
+    return torch.float64 if log_probs.dtype == torch.float64 else torch.float32
+
+
+def _check_log_prob_inputs(log_probs: torch.Tensor, behavior_log_probs: torch.Tensor, mask: torch.Tensor) -> None:
+    if log_probs.dim() != 2 or log_probs.numel() == 0:
+        raise ValueError(f"log_probs must be a non-empty [B, T] tensor, got shape {tuple(log_probs.shape)}")
+    if behavior_log_probs.shape != log_probs.shape or mask.shape != log_probs.shape:
+        raise ValueError(
+            f"log_probs {tuple(log_probs.shape)}, behavior_log_probs {tuple(behavior_log_probs.shape)} and "
+            f"mask {tuple(mask.shape)} must have the same [B, T] shape")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (True on policy tokens), got {mask.dtype}; use mask.bool()")
+    if not (log_probs.is_floating_point() and behavior_log_probs.is_floating_point()):
+        raise ValueError("log_probs and behavior_log_probs must be floating-point tensors")
+    if len({log_probs.device, behavior_log_probs.device, mask.device}) != 1:
+        raise ValueError("log_probs, behavior_log_probs and mask must be on one device")
+
+
+def _first_bad_row(bad: torch.Tensor) -> int:
+    return int(bad.any(dim=-1).nonzero()[0, 0])
+
+
+def _check_policy_values(name: str, values: torch.Tensor, mask: torch.Tensor) -> None:
+    bad = mask & ~(values <= 0)  # `<= 0` is False for NaN, so this also catches NaN and +inf
+    bad |= mask & torch.isinf(values)
+    if bad.any():
+        raise ValueError(f"{name} must be finite and <= 0 on policy tokens; row {_first_bad_row(bad)} is not")
+
+
+def _objective(log_probs, behavior_log_probs, advantages, mask, config, *, failures, entropies,
+               batch_size, batch_tokens) -> FlashReinforceOutput:
+    dtype = advantages.dtype
+    policy_tokens = mask.sum(dim=-1)
+    if (policy_tokens == 0).any():
+        raise ValueError(f"every trajectory needs at least one policy token; row "
+                         f"{int((policy_tokens == 0).nonzero()[0, 0])} has none (drop it before the loss)")
+
+    current = log_probs.to(dtype)
+    current_detached = current.detach()
+    _check_policy_values("log_probs", current_detached, mask)
+    if config.importance_sampling:
+        behavior = behavior_log_probs.detach().to(dtype)
+        _check_policy_values("behavior_log_probs", behavior, mask)
+    else:
+        # The no-IS ablation: the denominator is the current policy itself, which makes every
+        # ratio 1 and every divergence 0, so the gate admits everything (as in the paper).
+        behavior = current_detached
+    # Zero the non-policy slots once so NaN/inf padding can never reach exp() or log().
+    behavior = torch.where(mask, behavior, 0.0)
+    current_safe = torch.where(mask, current_detached, 0.0)
+
+    token_kl = _bernoulli_kl(behavior, current_safe)
+    counts = policy_tokens.to(dtype)
+    if config.gate_mean == "geometric":
+        log_kl = torch.where(mask, token_kl.clamp_min(GEOMETRIC_GATE_FLOOR).log(), 0.0)
+        sequence_kl = (log_kl.sum(dim=-1) / counts).exp()
+    else:
+        sequence_kl = (torch.where(mask, token_kl, 0.0).sum(dim=-1) / counts).clamp_min(0.0)
+
+    if config.gate_level == "sequence":
+        admitted = sequence_kl <= config.delta
+        active = mask & admitted.unsqueeze(-1)
+        acceptance_rate = admitted.to(dtype).mean()
+    else:
+        active = mask & (token_kl <= config.delta)
+        admitted = (active == mask).all(dim=-1)
+        acceptance_rate = active.sum().to(dtype) / counts.sum()
+
+    if config.uses_entropy_filter:
+        active = active & _entropy_filter_keep(mask, failures, entropies, config.entropy_filter_q, policy_tokens)
+
+    # Inactive tokens take exponent 0 so that rejected rows' extreme ratios never overflow.
+    ratio = torch.exp(torch.where(active, current_safe - behavior, 0.0))
+    if not torch.isfinite(ratio).all():
+        raise ValueError(f"importance ratio pi/mu overflowed on an admitted token of row "
+                         f"{_first_bad_row(~torch.isfinite(ratio))}; lower delta or check the stored log-probs")
+
+    batch = log_probs.shape[0] if batch_size is None else batch_size
+    if config.reduction == "sample_mean":
+        row_denominator = counts * torch.as_tensor(batch, dtype=dtype, device=counts.device)
+    elif config.reduction == "token_mean":
+        total = counts.sum() if batch_tokens is None else torch.as_tensor(batch_tokens, dtype=dtype,
+                                                                           device=counts.device)
+        row_denominator = total.expand_as(counts)
+    else:
+        row_denominator = torch.full_like(counts, float(config.constant_length)) * batch
+    row_weight = advantages / row_denominator
+    token_coefficients = torch.where(active, ratio * row_weight.unsqueeze(-1), 0.0)
+    # NaN in masked slots of log_probs must not poison the sum (0 * NaN = NaN).
+    loss = -(token_coefficients * torch.where(mask, current, 0.0)).sum()
+
+    stats = FlashReinforceStats(
+        advantages=advantages,
+        sequence_kl=sequence_kl,
+        admitted=admitted,
+        acceptance_rate=acceptance_rate,
+        policy_tokens=policy_tokens,
+        retained_tokens=active.sum(dim=-1),
+    )
+    return FlashReinforceOutput(loss=loss, stats=stats, token_coefficients=token_coefficients)
+
+
+def _bernoulli_kl(behavior: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """KL(Bern(mu) || Bern(pi)) of the event "the sampled token", per position."""
+    p = behavior.exp().clamp(PROBABILITY_CLAMP, 1 - PROBABILITY_CLAMP)
+    q = current.exp().clamp(PROBABILITY_CLAMP, 1 - PROBABILITY_CLAMP)
+    return p * (p.log() - q.log()) + (1 - p) * (torch.log1p(-p) - torch.log1p(-q))
+
+
+def _entropy_filter_keep(mask, failures, entropies, q, policy_tokens) -> torch.Tensor:
+    """[B, T] bool: all policy tokens of successful rows; the ceil(q*T_i) highest-entropy policy
+    tokens of failed rows (ties go to the earlier position)."""
+    if failures is None or entropies is None:
+        raise ValueError(f"entropy_filter_q={q} < 1 needs explicit `failures` [B] and per-token `entropies` "
+                         "[B, T]; pass both, or set entropy_filter_q=1.0")
+    if failures.shape != policy_tokens.shape or failures.dtype != torch.bool:
+        raise ValueError(f"failures must be a bool tensor of shape [B]={tuple(policy_tokens.shape)}, "
+                         f"got {failures.dtype} {tuple(failures.shape)}")
+    if entropies.shape != mask.shape or not entropies.is_floating_point():
+        raise ValueError(f"entropies must be a float tensor of shape {tuple(mask.shape)}, "
+                         f"got {entropies.dtype} {tuple(entropies.shape)}")
+    if failures.device != mask.device or entropies.device != mask.device:
+        raise ValueError("failures and entropies must be on the same device as log_probs")
+    entropies = entropies.detach()
+    bad = mask & ~torch.isfinite(entropies)
+    if bad.any():
+        raise ValueError(f"entropies must be finite on policy tokens; row {_first_bad_row(bad)} is not")
+
+    keep_count = torch.ceil(policy_tokens.to(torch.float64) * q - _CEIL_TOLERANCE).clamp_min(0).to(torch.long)
+    scores = torch.where(mask, entropies.float(), float("-inf"))
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(-1, order, positions)
+    kept_if_failed = mask & (rank < keep_count.unsqueeze(-1))
+    return torch.where(failures.unsqueeze(-1), kept_if_failed, mask)
