@@ -123,7 +123,7 @@ class FlashReinforceStats:
 class FlashReinforceOutput:
     loss: torch.Tensor  # () differentiable with respect to log_probs only
     stats: FlashReinforceStats
-    token_coefficients: torch.Tensor  # [B, T] detached d(loss)/d(log_probs), zero off the active tokens
+    token_weights: torch.Tensor  # [B, T] detached rho * A on the active tokens, zero elsewhere
 
 
 def batch_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -270,10 +270,9 @@ def _objective(log_probs, behavior_log_probs, advantages, mask, config, *, failu
         row_denominator = total.expand_as(counts)
     else:
         row_denominator = torch.full_like(counts, float(config.constant_length)) * batch
-    row_weight = advantages / row_denominator
-    token_coefficients = torch.where(active, ratio * row_weight.unsqueeze(-1), 0.0)
+    token_weights = torch.where(active, ratio * advantages.unsqueeze(-1), 0.0)
     # NaN in masked slots of log_probs must not poison the sum (0 * NaN = NaN).
-    loss = -(token_coefficients * torch.where(mask, current, 0.0)).sum()
+    loss = -((token_weights / row_denominator.unsqueeze(-1)) * torch.where(mask, current, 0.0)).sum()
 
     stats = FlashReinforceStats(
         advantages=advantages,
@@ -283,7 +282,7 @@ def _objective(log_probs, behavior_log_probs, advantages, mask, config, *, failu
         policy_tokens=policy_tokens,
         retained_tokens=active.sum(dim=-1),
     )
-    return FlashReinforceOutput(loss=loss, stats=stats, token_coefficients=token_coefficients)
+    return FlashReinforceOutput(loss=loss, stats=stats, token_weights=token_weights)
 
 
 def _bernoulli_kl(behavior: torch.Tensor, current: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,102 @@
+"""`register()`: make `flashreinforce` a Molt advantage estimator and policy loss in this process.
+
+Idempotent. It checks the Molt version, registers both names in Molt's own registries, and
+patches Molt's `PolicyTrainer` (the loss owner inside each `PolicyModelActor`) so that
+`--actor.loss_mode flashreinforce` builds `FlashReinforcePolicyLoss` and feeds it what Molt's
+surrogate signature cannot carry: the micro-batch's rewards (failure labels) and, for the
+entropy filter, the per-token entropies of the same forward pass.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import contextmanager
+
+ESTIMATOR_NAME = "flashreinforce"
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    from molt_flashreinforce.plugin.compat import check_molt_version
+
+    check_molt_version()
+    from molt.models.loss import register_policy_loss
+    from molt.trainer.algorithm.advantage import register_advantage_estimator
+
+    from molt_flashreinforce.plugin.estimator import flashreinforce_estimator
+    from molt_flashreinforce.plugin.policy_loss import LOSS_NAME, flashreinforce_surrogate
+
+    register_advantage_estimator(ESTIMATOR_NAME)(flashreinforce_estimator)
+    register_policy_loss(LOSS_NAME)(flashreinforce_surrogate)
+    _patch_policy_trainer()
+    _registered = True
+
+
+def _patch_policy_trainer() -> None:
+    from molt.trainer.workers import policy_actor
+
+    from molt_flashreinforce.plugin.policy_loss import LOSS_NAME, FlashReinforcePolicyLoss, policy_loss_from_args
+
+    trainer_cls = policy_actor.PolicyTrainer
+    if getattr(trainer_cls, "_flashreinforce_patched", False):
+        return
+    original_init, original_step = trainer_cls.__init__, trainer_cls.training_step
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        if self.args.actor.loss_mode == LOSS_NAME:
+            self.actor_loss_fn = policy_loss_from_args(self.args)
+
+    @functools.wraps(original_step)
+    def training_step(self, experience, *args, **kwargs):
+        loss_fn = self.actor_loss_fn
+        if not isinstance(loss_fn, FlashReinforcePolicyLoss):
+            return original_step(self, experience, *args, **kwargs)
+        loss_fn.bound_experience = experience
+        try:
+            if loss_fn.config.uses_entropy_filter:
+                with _capturing_action_entropies(self, loss_fn, experience.action_mask.shape[1]):
+                    return original_step(self, experience, *args, **kwargs)
+            return original_step(self, experience, *args, **kwargs)
+        finally:
+            loss_fn.bound_experience = None
+            loss_fn.bound_entropies = None
+
+    trainer_cls.__init__ = __init__
+    trainer_cls.training_step = training_step
+    trainer_cls._flashreinforce_patched = True
+
+
+@contextmanager
+def _capturing_action_entropies(trainer, loss_fn, num_actions: int):
+    """Run the trainer's actor forward with entropies on and hand the action span's to the loss.
+
+    With no entropy bonus (entropy_coef 0) nothing differentiates the entropy, so Molt's one-shot
+    `compute_entropy` is swapped for the chunked, graph-free `token_entropy` for the duration.
+    """
+    from molt.models import actor as molt_actor
+
+    from molt_flashreinforce.entropy import token_entropy
+
+    actor = trainer.actor
+    forward = type(actor).forward
+
+    def forward_with_entropy(*args, **kwargs):
+        kwargs["return_entropy"] = True
+        output = forward(actor, *args, **kwargs)
+        loss_fn.bound_entropies = output["entropy"][:, -num_actions:].detach()
+        return output
+
+    original_entropy = molt_actor.compute_entropy
+    if not trainer.args.actor.entropy_coef:
+        molt_actor.compute_entropy = token_entropy
+    actor.forward = forward_with_entropy
+    try:
+        yield
+    finally:
+        del actor.forward
+        molt_actor.compute_entropy = original_entropy
