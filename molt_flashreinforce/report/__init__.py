@@ -1,0 +1,6 @@
+"""Reproduce the paper's tables: reported numbers with their sources, and runs measured the same way.
+
+`paper` loads the reported numbers (`paper_results.yaml`), `runs` finds Hydra run directories,
+`events` reads their TensorBoard scalars, `protocol` measures a run the way the paper did,
+`table` and `plot` render the comparison, and `cli` is `molt-flashreinforce-report`.
+"""

@@ -1,0 +1,125 @@
+"""Find Hydra run directories and what each run was: its config, overrides and experiment.
+
+Contract: `expand_run_dirs(paths)` turns each command-line path into `(run_dir, in_sweep)`
+pairs: a directory with `.hydra/` (or with event files but no `.hydra/`) is one run; a
+multirun sweep directory expands to its job subdirectories in job order (`in_sweep=True`). `load_run(path)` reads
+`.hydra/config.yaml`, `.hydra/hydra.yaml` and `.hydra/overrides.yaml` when present.
+`row_labels(runs)` names runs by the overrides that tell them apart. Bad paths raise
+`RunDirError` with what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from molt_flashreinforce.report.events import event_dirs
+
+HYDRA_DIR = ".hydra"
+MISSING = object()  # returned by Run.get for a key the run's config does not have
+
+
+class RunDirError(ValueError):
+    """A path that is not a run directory or a sweep of them."""
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path
+    config: dict[str, Any] | None = None  # the resolved Hydra config, None without .hydra/
+    overrides: tuple[str, ...] = ()
+    choices: dict[str, Any] = field(default_factory=dict)  # hydra.runtime.choices (config groups picked)
+
+    def get(self, dotted_key: str) -> Any:
+        """Config value at `a.b.c`, or `MISSING` when the run has no such key."""
+        node: Any = self.config
+        for part in dotted_key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return MISSING
+            node = node[part]
+        return node
+
+    def experiment(self) -> str | None:
+        """The experiment as recorded by the run: config, then Hydra's group choice, then overrides."""
+        named = self.get("experiment_name")
+        if isinstance(named, str):
+            return named
+        node = self.get("experiment")
+        if isinstance(node, str):
+            return node
+        if isinstance(node, dict) and isinstance(node.get("name"), str):
+            return node["name"]
+        if isinstance(self.choices.get("experiment"), str):
+            return self.choices["experiment"]
+        for override in self.overrides:
+            key, _, value = override.lstrip("+~").partition("=")
+            if key == "experiment" and value:
+                return value
+        return None
+
+
+def _job_order(path: Path) -> tuple[int, str]:
+    # Hydra names sweep jobs `<num>` or `<num>_<override_dirname>`: sort 2 before 10.
+    match = re.match(r"\d+", path.name)
+    return (int(match.group()) if match else math.inf, path.name)
+
+
+def expand_run_dirs(paths: list[str | Path]) -> list[tuple[Path, bool]]:
+    runs: list[tuple[Path, bool]] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise RunDirError(f"run directory {path} does not exist")
+        if not path.is_dir():
+            raise RunDirError(f"{path} is not a directory; pass a Hydra run directory or a multirun sweep directory")
+        if (path / HYDRA_DIR).is_dir():
+            runs.append((path, False))
+            continue
+        jobs = sorted((child for child in path.iterdir() if (child / HYDRA_DIR).is_dir()), key=_job_order)
+        if jobs:
+            runs.extend((job, True) for job in jobs)
+        elif event_dirs(path):
+            runs.append((path, False))
+        else:
+            raise RunDirError(
+                f"{path} is neither a run directory (no {HYDRA_DIR}/ and no TensorBoard event files below it) "
+                f"nor a multirun sweep (no subdirectory with {HYDRA_DIR}/)"
+            )
+    return runs
+
+
+def load_run(path: Path) -> Run:
+    hydra_dir = path / HYDRA_DIR
+    config = _load_yaml(hydra_dir / "config.yaml")
+    hydra = _load_yaml(hydra_dir / "hydra.yaml") or {}
+    overrides = _load_yaml(hydra_dir / "overrides.yaml") or []
+    if not isinstance(overrides, list):
+        raise RunDirError(f"{hydra_dir / 'overrides.yaml'} should be a list of overrides, got {type(overrides).__name__}")
+    choices = hydra.get("hydra", {}).get("runtime", {}).get("choices", {}) if isinstance(hydra, dict) else {}
+    return Run(path, config if isinstance(config, dict) else None, tuple(map(str, overrides)), dict(choices or {}))
+
+
+def _load_yaml(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    node = OmegaConf.load(path)
+    try:
+        return OmegaConf.to_container(node, resolve=True)
+    except Exception:  # noqa: BLE001 - `${hydra:...}` and other resolvers only exist inside a Hydra app
+        return OmegaConf.to_container(node, resolve=False)
+
+
+def row_labels(runs: list[Run]) -> list[str]:
+    """Each run's overrides minus those every run shares; the directory name when nothing is left."""
+    shared = set.intersection(*(set(run.overrides) for run in runs)) if len(runs) > 1 else set()
+    labels = []
+    for run in runs:
+        distinct = [override for override in run.overrides if override not in shared]
+        labels.append(" ".join(distinct) or run.path.name)
+    counts = {label: labels.count(label) for label in labels}
+    return [f"{label} ({run.path.name})" if counts[label] > 1 else label for label, run in zip(labels, runs)]
