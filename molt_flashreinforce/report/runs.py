@@ -2,7 +2,8 @@
 
 Contract: `expand_run_dirs(paths)` turns each command-line path into `(run_dir, in_sweep)`
 pairs: a directory with `.hydra/` (or with event files but no `.hydra/`) is one run; a
-multirun sweep directory expands to its job subdirectories in job order (`in_sweep=True`). `load_run(path)` reads
+multirun sweep directory (or any directory of runs) expands to every run directory below it,
+in Hydra job-number order (`in_sweep=True`). `load_run(path)` reads
 `.hydra/config.yaml`, `.hydra/hydra.yaml` and `.hydra/overrides.yaml` when present.
 `row_labels(runs)` names runs by the overrides that tell them apart. Bad paths raise
 `RunDirError` with what was expected.
@@ -63,10 +64,10 @@ class Run:
         return None
 
 
-def _job_order(path: Path) -> tuple[int, str]:
+def _job_order(relative: Path) -> tuple[float, str]:
     # Hydra names sweep jobs `<num>` or `<num>_<override_dirname>`: sort 2 before 10.
-    match = re.match(r"\d+", path.name)
-    return (int(match.group()) if match else math.inf, path.name)
+    match = re.match(r"\d+", relative.parts[0])
+    return (int(match.group()) if match else math.inf, str(relative))
 
 
 def expand_run_dirs(paths: list[str | Path]) -> list[tuple[Path, bool]]:
@@ -80,7 +81,9 @@ def expand_run_dirs(paths: list[str | Path]) -> list[tuple[Path, bool]]:
         if (path / HYDRA_DIR).is_dir():
             runs.append((path, False))
             continue
-        jobs = sorted((child for child in path.iterdir() if (child / HYDRA_DIR).is_dir()), key=_job_order)
+        # Jobs may sit deeper than one level: an override value with a `/` nests Hydra's subdir.
+        jobs = sorted((hydra.parent for hydra in path.rglob(HYDRA_DIR) if hydra.is_dir()),
+                      key=lambda job: _job_order(job.relative_to(path)))
         if jobs:
             runs.extend((job, True) for job in jobs)
         elif event_dirs(path):
