@@ -1,0 +1,1 @@
+"""Hydra config tree of molt-flashreinforce (a package so `pkg://molt_flashreinforce.conf` resolves)."""

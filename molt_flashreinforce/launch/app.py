@@ -1,0 +1,71 @@
+"""The `molt-flashreinforce` Hydra app (also `python -m molt_flashreinforce`).
+
+    molt-flashreinforce experiment=math_qwen2p5_1p5b algo=flashreinforce dry_run=true
+    molt-flashreinforce -m experiment=math_qwen2p5_1p5b algo.delta=1e-3,3e-3,5e-3
+
+The run directory is Hydra's output directory. `backend=local` hands the composed config to the
+CPU backend (`molt_flashreinforce.local.run`); `backend=molt` prepares the Molt job (checks,
+rendering, Molt's own validation, run records) and, unless `dry_run=true`, runs it in a child
+process. Under `-m` every job gets its own directory and child process; a failing job raises in
+its own Hydra job, the others still run, and Hydra reports the failure at the end.
+
+Keys under `molt.` are open: `molt.<any Molt flag>=value` works on the command line without
+Hydra's `+` prefix (the app adds `++` before Hydra parses the overrides).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+_MOLT_OVERRIDE = re.compile(r"^molt\.[^=~+]+=")
+
+
+def open_molt_overrides(argv: list[str]) -> list[str]:
+    """`molt.a.b=v` -> `++molt.a.b=v`: add-or-override, since Molt has more flags than the config sets."""
+    return [f"++{arg}" if _MOLT_OVERRIDE.match(arg) else arg for arg in argv]
+
+
+def run(cfg: DictConfig, run_dir: Path) -> None:
+    """Launch one composed job whose outputs go to `run_dir`."""
+    if cfg.backend == "local":
+        from molt_flashreinforce import local
+
+        local.run(cfg, run_dir)
+        return
+    if cfg.backend != "molt":
+        from molt_flashreinforce.launch.errors import LaunchError
+
+        raise LaunchError(f"backend={cfg.backend!r} is unknown; use backend=molt (GPU) or backend=local (CPU).")
+
+    from molt_flashreinforce.launch.job import prepare_molt_job, run_molt_job
+
+    job = prepare_molt_job(cfg, run_dir)
+    if job.molt_messages.strip():
+        print(f"Molt's validation said:\n{job.molt_messages.rstrip()}")
+    for warning in job.warnings:
+        print(f"WARNING: a real launch needs: {warning}")
+    print(f"Molt command ({run_dir / 'launch' / 'molt_command.sh'}):\n{job.command.shell()}")
+    if cfg.dry_run:
+        print("dry_run=true: not starting Ray.")
+        return
+    run_molt_job(job)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def _hydra_main(cfg: DictConfig) -> None:
+    run(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+def main() -> None:
+    sys.argv = [sys.argv[0], *open_molt_overrides(sys.argv[1:])]
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Fail-fast checks that run before any Ray or GPU work.
+
+* `check_config(cfg)`: combinations that are wrong on any machine (raises `LaunchError`). Some of
+  them Molt would catch only on the GPU actors, some never.
+* `resolve_agent_file(cfg)`: the agent file a launch uses, or a problem describing why it is missing.
+* `missing_resources(cfg, agent_problem)`: what a real launch still needs (model directory,
+  datasets, agent file, environment variables). A dry run prints these as warnings, a real launch
+  refuses them. A dataset that exists but is malformed raises at once: that is a bug, not absence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from molt_flashreinforce.launch.errors import LaunchError
+
+# How many JSONL rows are parsed to check a dataset's shape (the whole file is not read).
+DATASET_ROWS_CHECKED = 64
+
+
+def _molt_value(cfg: DictConfig, dotted: str, default=None):
+    value = OmegaConf.select(cfg.molt, dotted, default=default)
+    return default if value is None else value
+
+
+def _check_flashreinforce(cfg: DictConfig) -> None:
+    algo = cfg.algo
+    if algo.group_size != 1:
+        raise LaunchError(
+            f"algo.group_size={algo.group_size}: FlashREINFORCE uses one rollout per prompt. Set "
+            "algo.group_size=1 (compare against several samples per prompt with algo=grpo)."
+        )
+    delta = float(algo.delta)
+    if math.isnan(delta) or delta < 0:
+        raise LaunchError(
+            f"algo.delta={algo.delta} must be >= 0 (a trust-region bound on a KL); use algo.delta=inf to disable "
+            "the trust region."
+        )
+    if not 0.0 <= float(algo.entropy_filter_q) <= 1.0:
+        raise LaunchError(f"algo.entropy_filter_q={algo.entropy_filter_q} must lie in [0, 1] (1 = filter off).")
+    if algo.reduction == "constant_length" and not (algo.constant_length and algo.constant_length > 0):
+        raise LaunchError(
+            "algo.reduction=constant_length needs algo.constant_length > 0 (the paper's tool variant uses 6144)."
+        )
+    if algo.importance_sampling:
+        top_p = float(_molt_value(cfg, "rollout.top_p", 1.0))
+        if top_p < 1.0:
+            raise LaunchError(
+                f"molt.rollout.top_p={top_p} with importance sampling: the ratio pi/mu needs mu's full support, "
+                "and top-p sampling gives tokens outside the nucleus probability 0. Use molt.rollout.top_p=1.0 "
+                "(or algo.importance_sampling=false)."
+            )
+    top_k = OmegaConf.select(cfg.molt, "rollout.top_k", default=None)
+    if top_k is not None and top_k > 0 and algo.importance_sampling:
+        raise LaunchError(
+            f"molt.rollout.top_k={top_k} with importance sampling: top-k sampling gives every other token "
+            "probability 0 under mu, so pi/mu is unsupported there. Remove molt.rollout.top_k."
+        )
+
+
+def _check_batches_and_placement(cfg: DictConfig) -> None:
+    rollout_batch = int(_molt_value(cfg, "rollout.batch_size", 1024))
+    train_batch = int(_molt_value(cfg, "train.batch_size", 128))
+    samples = int(cfg.algo.group_size)
+    if train_batch != rollout_batch * samples:
+        raise LaunchError(
+            f"molt.train.batch_size={train_batch} but molt.rollout.batch_size x algo.group_size = "
+            f"{rollout_batch} x {samples} = {rollout_batch * samples}: each collected batch must be exactly one "
+            f"optimizer step. Set molt.train.batch_size={rollout_batch * samples}."
+        )
+    placement = cfg.placement
+    actor = placement.actor
+    actor_gpus = int(actor.nodes) * int(actor.gpus_per_node)
+    model_parallel = int(actor.tp) * int(actor.cp)
+    if actor_gpus % model_parallel:
+        raise LaunchError(
+            f"placement.actor: {actor_gpus} actor GPUs are not divisible by tp x cp = {model_parallel}; change "
+            "placement.actor.gpus_per_node, placement.actor.tp or placement.actor.cp."
+        )
+    data_parallel = actor_gpus // model_parallel
+    if train_batch % data_parallel:
+        raise LaunchError(
+            f"the train batch of {train_batch} trajectories does not divide over {data_parallel} data-parallel actor "
+            f"ranks (placement.actor: {actor_gpus} GPUs / (tp {actor.tp} x cp {actor.cp})). Choose an actor GPU count "
+            f"whose data-parallel size divides {train_batch}."
+        )
+    needed = actor_gpus + int(placement.vllm.engines) * int(placement.vllm.tp)
+    available = int(placement.nodes) * int(placement.gpus_per_node)
+    if needed > available:
+        raise LaunchError(
+            f"placement needs {actor_gpus} actor GPUs + {placement.vllm.engines} vLLM engines x TP{placement.vllm.tp} "
+            f"= {needed} GPUs but placement.nodes x placement.gpus_per_node = {available}. Lower "
+            "placement.vllm.engines or raise placement.nodes (Ray would otherwise wait forever for GPUs)."
+        )
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise `LaunchError` for any combination that cannot be right, whatever the machine."""
+    for key in ("model.name_or_path",):
+        if OmegaConf.select(cfg, key) is None:
+            raise LaunchError(f"{key} is not set; the experiment must set it (or pass {key}=<id or path>).")
+    if cfg.algo.name == "flashreinforce":
+        _check_flashreinforce(cfg)
+    elif cfg.algo.group_size < 2:
+        raise LaunchError(f"algo.group_size={cfg.algo.group_size}: GRPO's group baseline needs >= 2 samples per prompt.")
+    _check_batches_and_placement(cfg)
+
+
+def resolve_agent_file(cfg: DictConfig) -> tuple[str, str | None]:
+    """(agent file, problem or None). An explicit agent.path wins over agent.kind."""
+    if cfg.agent.path:
+        path = str(cfg.agent.path)
+        if not path.endswith(".py"):
+            raise LaunchError(f"agent.path={path} must be a Python file (Molt execs it and imports AgentRunner).")
+        return path, None if Path(path).is_file() else f"agent file {path} (agent.path) does not exist"
+    kind = cfg.agent.kind
+    try:
+        from molt_flashreinforce.agents import agent_path
+
+        path = str(agent_path(kind))
+    except (ImportError, KeyError, ValueError, FileNotFoundError) as error:
+        return f"<agent file for {kind}>", f"no agent file for agent.kind={kind} ({error}); set agent.path=<file.py>"
+    return path, None if Path(path).is_file() else f"agent file {path} for agent.kind={kind} does not exist"
+
+
+def _dataset_problem(
+    key: str, path: str | None, input_key: str, label_key: str | None, data_dir: str, experiment: str | None
+) -> str | None:
+    if path is None:
+        return None
+    file = Path(path)
+    if not file.exists():
+        return (
+            f"{key}={path} does not exist; write it with `molt-flashreinforce-data {experiment or '<experiment>'} "
+            f"--out {data_dir}` "
+            f"or point {key} at your dataset"
+        )
+    if file.is_dir() or file.suffix not in (".jsonl", ".json"):
+        return None  # a saved Hugging Face dataset or another format Molt loads itself
+    required = [k for k in (input_key, label_key) if k]
+    rows = 0
+    with file.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise LaunchError(f"{key}={path} line {number} is not JSON ({error.msg}); regenerate the dataset.") from None
+            if not isinstance(row, dict) or any(k not in row for k in required):
+                raise LaunchError(
+                    f"{key}={path} line {number} lacks the field(s) {required} that molt.data.input_key / "
+                    "molt.data.label_key name; regenerate the dataset or set those keys."
+                )
+            rows += 1
+            if rows >= DATASET_ROWS_CHECKED:
+                break
+    if rows == 0:
+        raise LaunchError(f"{key}={path} is empty; regenerate the dataset.")
+    return None
+
+
+def missing_resources(cfg: DictConfig, agent_problem: str | None) -> list[str]:
+    """What a real launch still needs; empty when everything is in place."""
+    problems = []
+    model = str(cfg.model.name_or_path)
+    if model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
+        problems.append(f"model.name_or_path={model} is not a directory")
+    input_key = _molt_value(cfg, "data.input_key", "input")
+    label_key = _molt_value(cfg, "data.label_key")
+    for key in ("data.train", "data.eval"):
+        problem = _dataset_problem(
+            key, OmegaConf.select(cfg, key), input_key, label_key, cfg.data.dir, cfg.experiment_name
+        )
+        if problem:
+            problems.append(problem)
+    if cfg.data.train is None:
+        problems.append("data.train is not set; Molt needs a prompt dataset")
+    if agent_problem:
+        problems.append(agent_problem)
+    for name in cfg.agent.required_env:
+        if not os.environ.get(name):
+            problems.append(f"environment variable {name} is unset; the {cfg.agent.kind} agent needs it on every worker")
+        elif name.endswith("_DATA") and not Path(os.environ[name]).is_dir():
+            problems.append(f"{name}={os.environ[name]} is not a directory")
+    if cfg.logger.wandb.enable and not os.environ.get(cfg.logger.wandb.key_env):
+        problems.append(f"logger.wandb.enable=true but {cfg.logger.wandb.key_env} is unset; export the W&B API key")
+    return problems

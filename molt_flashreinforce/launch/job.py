@@ -1,0 +1,90 @@
+"""One Molt job: prepare (render, check, validate, record) and run it in a child process.
+
+`prepare_molt_job(cfg, run_dir)` does everything except starting Ray: checks the config,
+renders the flags, lists missing resources, parses and validates the flags with Molt's own
+parser and checks, builds the PolicyLoss the GPU actors will build, and writes the run records.
+`run_molt_job(job)` then runs `molt_main` in a child process, so Ray and CUDA state never outlive
+the job, with its output copied to `<run_dir>/molt.log`; a failed run raises and keeps its log.
+
+Rerunning in a run directory that holds a complete Molt checkpoint adds `--ckpt.load_enable`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from molt_flashreinforce.launch import checks
+from molt_flashreinforce.launch.errors import LaunchError
+from molt_flashreinforce.launch.records import write_records
+from molt_flashreinforce.launch.render import CHECKPOINT_SUBDIR, MOLT_ENTRY_MODULE, MoltCommand, render_command
+
+LOG_NAME = "molt.log"
+# Stands in for secrets read from the environment at launch (W&B key) when a dry run validates.
+_DRY_RUN_SECRET = "dry-run-placeholder"
+
+
+@dataclass
+class MoltJob:
+    run_dir: Path
+    command: MoltCommand
+    warnings: list[str]
+    molt_messages: str  # what Molt's validation printed (its own warnings)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete actor checkpoint Molt would resume from, if any."""
+    actor_dir = run_dir / CHECKPOINT_SUBDIR / "state" / "_actor"
+    if not actor_dir.is_dir():
+        return None
+    # Molt writes extra_state.pt last, so only its presence marks a finished checkpoint.
+    complete = [d for d in actor_dir.iterdir() if (d / "model").is_dir() and (d / "extra_state.pt").is_file()]
+    return max(complete, key=lambda d: d.stat().st_mtime, default=None)
+
+
+def prepare_molt_job(cfg: DictConfig, run_dir: Path) -> MoltJob:
+    from molt_flashreinforce.launch.molt_cli import MoltArgumentError, build_parser, flag_dests, parse_and_validate
+    from molt_flashreinforce.plugin import policy_loss_from_args
+
+    checks.check_config(cfg)
+    agent_file, agent_problem = checks.resolve_agent_file(cfg)
+    parser = build_parser()
+    command = render_command(
+        cfg, run_dir, flag_dests(parser), agent_file, resume=latest_checkpoint(run_dir) is not None
+    )
+    problems = checks.missing_resources(cfg, agent_problem)
+    if problems and not cfg.dry_run:
+        raise LaunchError("a real launch needs:\n  - " + "\n  - ".join(problems) + "\n(dry_run=true lists these as warnings.)")
+
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(messages):
+            args = parse_and_validate(command.argv(missing=_DRY_RUN_SECRET if cfg.dry_run else None), parser)
+            policy_loss_from_args(args)
+    except MoltArgumentError as error:
+        raise LaunchError(f"Molt's parser refused the rendered flags: {error}") from error
+    except (ValueError, AssertionError, NotImplementedError) as error:
+        raise LaunchError(f"Molt rejected the configuration: {error}") from error
+    write_records(run_dir, cfg, command, problems)
+    return MoltJob(run_dir=run_dir, command=command, warnings=problems, molt_messages=messages.getvalue())
+
+
+def run_molt_job(job: MoltJob) -> None:
+    env = {**os.environ, **job.command.env}
+    argv = [sys.executable, "-u", "-m", MOLT_ENTRY_MODULE, *job.command.argv()]
+    log_path = job.run_dir / LOG_NAME
+    with log_path.open("a", encoding="utf-8") as log:
+        process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in process.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+        code = process.wait()
+    if code != 0:
+        raise RuntimeError(f"Molt exited with status {code}; its output is in {log_path}")

@@ -1,0 +1,52 @@
+"""`python -m molt_flashreinforce.launch.molt_main <Molt train_rl_ray flags>`: Molt's entry point.
+
+Runs Molt's own parser, validation and `train(args)` unchanged (see `molt_cli`), except that
+`flashreinforce` is accepted by its `choices` and the `--flashreinforce.*` flags exist. Before
+`train(args)` it builds in this process the `PolicyLoss` the GPU actors will build, so a bad
+combination fails here, and it starts Ray itself with our worker setup hook, so every Ray worker
+registers the plugin and installs the policy-lag probe before it loads an actor.
+
+Environment variables named in MOLT_FLASHREINFORCE_WORKER_ENV (comma-separated, e.g.
+MAX_AGENT_TURNS,ALFWORLD_DATA) are forwarded to every worker, also when Ray attaches to an
+existing cluster (SLURM) whose workers did not inherit this process's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from molt_flashreinforce.launch.render import WORKER_ENV_VARIABLE
+
+
+def worker_env_vars(environ: dict[str, str]) -> dict[str, str]:
+    from molt.cli.train_rl_ray import _ray_runtime_env_vars
+
+    env_vars = _ray_runtime_env_vars()
+    for name in filter(None, environ.get(WORKER_ENV_VARIABLE, "").split(",")):
+        if environ.get(name):
+            env_vars[name] = environ[name]
+    return env_vars
+
+
+def main(argv: list[str] | None = None) -> None:
+    from molt_flashreinforce.launch.molt_cli import parse_and_validate
+    from molt_flashreinforce.plugin import SETUP_HOOK, policy_loss_from_args
+    from molt_flashreinforce.plugin.compat import check_molt_version
+
+    check_molt_version()
+    args = parse_and_validate(sys.argv[1:] if argv is None else argv)
+    policy_loss_from_args(args)
+
+    import ray
+    from molt.cli.train_rl_ray import train
+
+    ray.init(runtime_env={"env_vars": worker_env_vars(dict(os.environ)), "worker_process_setup_hook": SETUP_HOOK})
+    try:
+        train(args)
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
