@@ -15,4 +15,4 @@ def agent_path(kind: str) -> str:
     """Absolute path of the Molt agent file for ``kind`` (one of ``AGENT_KINDS``)."""
     if kind not in AGENT_KINDS:
         raise ValueError(f"Unknown agent kind {kind!r}: choose one of {', '.join(AGENT_KINDS)}.")
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "files", f"{kind}.py")
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{kind}.py")

@@ -1,0 +1,140 @@
+"""The Python tool agent under Molt's own runner loop, with the real sandbox.
+
+The agent file is loaded with Molt's ``load_agent_runner`` and driven by Molt's
+``StepEnvRunner.execute``; a scripted policy stands in for vLLM's router client (no GPU or
+vLLM here, see tests/fixtures/agents/molt_harness.py). Tool calls run in the real sandbox.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from molt.agents.base import load_agent_runner
+
+from molt_flashreinforce.agents import agent_path
+from molt_flashreinforce.agents.chatml import next_user_turn
+from molt_flashreinforce.agents.python_tool_protocol import SYSTEM_PROMPT, parse_tool_calls, tool_response
+
+_spec = importlib.util.spec_from_file_location(
+    "molt_harness", Path(__file__).parent / "fixtures" / "agents" / "molt_harness.py"
+)
+harness = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(harness)
+
+PROMPT = harness.chat_prompt(SYSTEM_PROMPT, "What is 6 * 7 + 2 ** 10?")
+LABEL = {"ground_truth": "1066"}
+
+
+def call(code: str) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "python", "arguments": {"code": code}}) + "\n</tool_call><|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return harness.byte_tokenizer()
+
+
+@pytest.fixture()
+def runner(monkeypatch):
+    monkeypatch.setenv("MAX_AGENT_TURNS", "10")
+    return load_agent_runner(agent_path("python_tool"))
+
+
+def test_tool_calls_then_answer_masks_observations_and_counts_calls(runner, tokenizer):
+    actions = [
+        "Let me compute.\n" + call("print(6 * 7)"),
+        call("print(2 ** 10)"),
+        "So 42 + 1024 = \\boxed{1066}.<|im_end|>",
+    ]
+    trajectory, policy = harness.run_episode(runner, tokenizer, list(actions), LABEL, PROMPT)
+    assert trajectory.reward == 1.0 and not trajectory.truncated
+    assert trajectory.extra_logs == {
+        "tool_calls": 2,
+        "invalid_tool_calls": 0,
+        "tool_timeouts": 0,
+        "turns": 3,
+        "turn_limit_reached": 0,
+        "missing_answer": 0,
+        "grader_timeout": 0,
+    }
+    observations = [
+        next_user_turn(actions[0], tool_response("42\n")),
+        next_user_turn(actions[1], tool_response("1024\n")),
+    ]
+    trained, masked, _ = harness.split_by_mask(trajectory, tokenizer)
+    assert trained == "".join(actions)
+    assert masked == PROMPT + "".join(observations)
+    assert len(trajectory.action_ranges) == 3
+    # Each turn's prompt is the whole conversation so far, tool outputs included.
+    assert policy.prompts == [PROMPT, PROMPT + actions[0] + observations[0], PROMPT + actions[0] + observations[0] + actions[1] + observations[1]]
+
+
+def test_turn_limit_truncates_with_zero_reward(runner, tokenizer, monkeypatch):
+    monkeypatch.setenv("MAX_AGENT_TURNS", "3")
+    limited = load_agent_runner(agent_path("python_tool"))
+    actions = [call("print(1)"), call("print(2)"), call("print(3)"), "\\boxed{1066}<|im_end|>"]
+    trajectory, policy = harness.run_episode(limited, tokenizer, actions, LABEL, PROMPT)
+    assert len(policy.prompts) == 3  # the fourth action is never generated
+    assert trajectory.truncated and trajectory.reward == 0.0
+    assert trajectory.extra_logs["turns"] == 3
+    assert trajectory.extra_logs["tool_calls"] == 2  # the call in the last allowed turn is not run
+    assert trajectory.extra_logs["turn_limit_reached"] == 1
+
+
+def test_only_the_committed_answer_is_graded(runner, tokenizer):
+    # A boxed guess next to a tool call, and a boxed number in the tool's output, do not count.
+    actions = ["Maybe \\boxed{1066}? " + call("print('\\\\boxed{1066}')"), "I am not sure.<|im_end|>"]
+    trajectory, _ = harness.run_episode(runner, tokenizer, actions, LABEL, PROMPT)
+    assert trajectory.reward == 0.0 and not trajectory.truncated
+    assert trajectory.extra_logs["missing_answer"] == 1 and trajectory.extra_logs["tool_calls"] == 1
+
+
+def test_malformed_calls_and_failing_code_come_back_as_error_text(runner, tokenizer):
+    actions = [
+        "<tool_call>{not json}</tool_call><|im_end|>",
+        call("raise ValueError('boom')"),
+        "\\boxed{1066}<|im_end|>",
+    ]
+    trajectory, policy = harness.run_episode(runner, tokenizer, actions, LABEL, PROMPT)
+    assert trajectory.reward == 1.0
+    assert trajectory.extra_logs["invalid_tool_calls"] == 1 and trajectory.extra_logs["tool_calls"] == 1
+    assert "Error: the tool call is not valid JSON" in policy.prompts[1]
+    assert "ValueError: boom" in policy.prompts[2] and "exited with status 1" in policy.prompts[2]
+
+
+def test_context_exhaustion_ends_the_episode_truncated(runner, tokenizer):
+    actions = [call("print('x' * 500)"), "\\boxed{1066}<|im_end|>"]
+    max_length = len(tokenizer(PROMPT, add_special_tokens=False)["input_ids"]) + 200
+    trajectory, policy = harness.run_episode(runner, tokenizer, actions, LABEL, PROMPT, max_length=max_length)
+    assert trajectory.truncated and trajectory.reward == 0.0
+    assert len(trajectory.observation_tokens) == max_length
+    assert len(policy.prompts) == 1
+
+
+def test_tool_call_parsing():
+    (ok,) = parse_tool_calls(call("print(1)"))
+    assert ok.code == "print(1)" and ok.error is None
+    (stringified,) = parse_tool_calls('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(2)\\"}"}</tool_call>')
+    assert stringified.code == "print(2)"
+    (molt_name,) = parse_tool_calls('<tool_call>{"name": "python_executor", "arguments": {"code": "1"}}</tool_call>')
+    assert molt_name.code == "1"
+    (unknown,) = parse_tool_calls('<tool_call>{"name": "bash", "arguments": {"code": "ls"}}</tool_call>')
+    assert unknown.code is None and "unknown tool 'bash'" in unknown.error
+    (empty,) = parse_tool_calls('<tool_call>{"name": "python", "arguments": {}}</tool_call>')
+    assert "non-empty string argument 'code'" in empty.error
+    two = parse_tool_calls(call("a=1") + "\n" + call("b=2"))
+    assert [c.code for c in two] == ["a=1", "b=2"]
+    unclosed = parse_tool_calls('<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}')
+    assert len(unclosed) == 1 and "never closed" in unclosed[0].error
+    assert parse_tool_calls("The answer is \\boxed{3}.") == []
+
+
+def test_bad_turn_limit_is_refused(monkeypatch):
+    monkeypatch.setenv("MAX_AGENT_TURNS", "zero")
+    from molt_flashreinforce.agents.python_tool_env import PythonToolEnv
+
+    with pytest.raises(ValueError, match="MAX_AGENT_TURNS must be a positive integer, got 'zero'"):
+        PythonToolEnv()
