@@ -179,6 +179,10 @@ def test_r1_curve_final_and_infinite_delta_arm(tmp_path, capsys):
     assert float(only(rows, run="is_only", row="mean_final")["paper"]) == 30.6
     assert float(only(rows, run="is_only", row="mean_1024")["paper"]) == 25.83
     assert only(rows, run="is_only", row="mean_1024")["provenance"] == "secondary"
+    status, out, _ = report(capsys, run)
+    # Shown at the paper's precision: two decimals where [P3t] gives two, one where [R] gives one.
+    assert f"| step 1,024 | 1,024 | — | 25.73 | {(0.2 + 1024 / 60000 + 0.2) / 2 * 100:.2f} |" in out
+    assert "| step 0 | 0 | — | 21.7 | 20.0 | -1.7 |" in out
 
 
 def test_math_budget_peak_and_rejection_rate(tmp_path, capsys):

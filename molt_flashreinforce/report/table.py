@@ -68,13 +68,20 @@ def build_rows(paper: PaperResults, experiment: Experiment, runs: list[RunData])
             else:
                 measurement = measure(data.scalars, metric, row.at)
             reported = paper_value(paper, experiment, row, arm)
+            decimals = metric.decimals if reported is None else max(metric.decimals, _decimals_of(reported.value))
             rows.append(TableRow(
                 experiment=experiment.name, run_label=data.label, run_dir=str(data.run.path), row_id=row.id,
                 measure=metric.label, protocol=row.at.describe(), measurement=measurement, paper=reported,
-                arm_label=arm_label, decimals=metric.decimals,
+                arm_label=arm_label, decimals=decimals,
                 secondary=reported is not None and paper.is_secondary(reported),
             ))
     return rows
+
+
+def _decimals_of(value: float | None) -> int:
+    """Decimals the paper printed (25.73 -> 2), so the run is shown at the paper's precision."""
+    text = repr(value)
+    return len(text.split(".")[1]) if value is not None and "." in text and "e" not in text else 0
 
 
 def _number(value: float | None, decimals: int, signed: bool = False) -> str:
