@@ -312,9 +312,42 @@ def _entropy_filter_keep(mask, failures, entropies, q, policy_tokens) -> torch.T
         raise ValueError(f"entropies must be finite on policy tokens; row {_first_bad_row(bad)} is not")
 
     keep_count = torch.ceil(policy_tokens.to(torch.float64) * q - _CEIL_TOLERANCE).clamp_min(0).to(torch.long)
-    scores = torch.where(mask, entropies.float(), float("-inf"))
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
-    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(order)
-    rank = torch.empty_like(order).scatter_(-1, order, positions)
-    kept_if_failed = mask & (rank < keep_count.unsqueeze(-1))
-    return torch.where(failures.unsqueeze(-1), kept_if_failed, mask)
+    keep = mask.clone()
+    failed_rows = failures.nonzero().squeeze(-1)
+    if failed_rows.numel():
+        keep[failed_rows] = _keep_highest(entropies[failed_rows], mask[failed_rows], keep_count[failed_rows],
+                                          policy_tokens[failed_rows])
+    return keep
+
+
+def _keep_highest(scores: torch.Tensor, mask: torch.Tensor, keep_count: torch.Tensor,
+                  policy_tokens: torch.Tensor) -> torch.Tensor:
+    """[R, T] bool: per row, the keep_count highest-scoring policy positions, ties to the earlier.
+
+    A partial selection (topk) of whichever side is smaller, the kept or the dropped tokens, finds
+    each row's threshold score; a full sort of every row would cost several times more. Tokens
+    strictly past the threshold are decided by it; tokens equal to it are taken in position order.
+    """
+    drop_count = policy_tokens - keep_count
+    if int(keep_count.max()) <= int(drop_count.max()):
+        count, largest, fill = keep_count, True, float("-inf")
+    else:
+        count, largest, fill = drop_count, False, float("inf")
+    width = int(count.max())
+    if width == 0:  # nothing to select on this side: keep everything, or nothing
+        return mask if not largest else torch.zeros_like(mask)
+    candidates = torch.where(mask, scores, fill)
+    selected = torch.topk(candidates, width, dim=-1, largest=largest, sorted=True).values
+    threshold = selected.gather(-1, (count - 1).clamp_min(0).unsqueeze(-1))
+    beyond = (candidates > threshold) if largest else (candidates < threshold)
+    beyond &= mask
+    tied = mask & (candidates == threshold)
+    # How many tied tokens join the selected side, counted from the earliest (largest) or the
+    # latest (smallest) position, so that ties always favour keeping the earlier token.
+    tied_selected = (count - beyond.sum(dim=-1)).unsqueeze(-1)
+    if largest:
+        selected_mask = beyond | (tied & (tied.cumsum(dim=-1) <= tied_selected))
+        return selected_mask & (count > 0).unsqueeze(-1)
+    tied_from_end = tied.flip(-1).cumsum(dim=-1).flip(-1)
+    dropped = (beyond | (tied & (tied_from_end <= tied_selected))) & (count > 0).unsqueeze(-1)
+    return mask & ~dropped

@@ -365,3 +365,32 @@ def test_matches_literal_transcription(gate_level, gate_mean, reduction, importa
                                      mask.tolist(), config, failures.tolist(), entropies.tolist())
     assert 0 < out.stats.acceptance_rate.item() < 1 or not importance_sampling or gate_mean == "geometric"
     assert out.loss.item() == pytest.approx(expected, rel=1e-10, abs=1e-14)
+
+
+def test_entropy_filter_selection_on_tie_heavy_random_rows():
+    """Integer entropies make ties common; the kept set must equal a stable sort's first ceil(q*T_i)."""
+    generator = torch.Generator().manual_seed(1)
+    for trial in range(200):
+        width = int(torch.randint(1, 30, (1,), generator=generator))
+        mask = torch.rand(5, width, generator=generator) < 0.7
+        mask[:, 0] = True
+        entropies = torch.randint(0, 4, (5, width), generator=generator).to(F64)
+        failures = torch.rand(5, generator=generator) < 0.6
+        q = float(torch.rand(1, generator=generator)) if trial % 3 else float(trial % 2)
+        current = torch.full((5, width), -1.0, dtype=F64)
+        out = flashreinforce_loss(current, current, torch.arange(5, dtype=F64), mask,
+                                  FlashReinforceConfig(delta=INF, entropy_filter_q=q),
+                                  failures=failures, entropies=entropies)
+        for row in range(5):
+            tokens = mask[row].nonzero().flatten().tolist()
+            expected = len(tokens)
+            if failures[row]:
+                expected = math.ceil(round(q * len(tokens), 9))
+            assert out.stats.retained_tokens[row].item() == expected
+        kept = out.token_weights != 0
+        for row in range(5):
+            if not failures[row] or row == 2:  # row 2 has advantage 0, so its weights are 0 anyway
+                continue
+            tokens = mask[row].nonzero().flatten().tolist()
+            ranked = sorted(tokens, key=lambda t: (-entropies[row, t].item(), t))
+            assert set(kept[row].nonzero().flatten().tolist()) == set(ranked[:math.ceil(round(q * len(tokens), 9))])
