@@ -325,3 +325,20 @@ def test_plot_writes_png_with_paper_points(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     status, _, err = report(capsys, tiny, "--plot", tmp_path / "no" / "dir.png")
     assert status == 2 and "does not exist" in err
+
+
+def test_protocol_point_before_the_first_log_and_tags_never_logged_together(tmp_path, capsys):
+    steps = range(80, 241, 80)
+    run = make_run(tmp_path / "late", {"experiment_name": "alfworld_qwen2p5_7b", "algo": {"name": "flashreinforce"}},
+                   {metrics.eval_pass1("alfworld_seen"): {s: 0.5 for s in steps},
+                    metrics.eval_pass1("alfworld_unseen"): {s + 1: 0.5 for s in steps}})
+    status, out, err = report(capsys, run, "--format", "csv")
+    assert status == 0, err
+    rows = csv_rows(out)
+    assert only(rows, row="seen_40")["status"] == "nothing at or before step 40: first value at step 80"
+    assert int(only(rows, row="seen_200")["step_used"]) == 160
+    assert int(only(rows, row="unseen_200")["step_used"]) == 161  # an off-cadence eval still counts
+    tool = make_run(tmp_path / "split", {"experiment_name": "python_tool_qwen2p5_7b", "algo": {"name": "grpo"}},
+                    tool_scalars({"amc23": {600: 0.5}, "minerva": {590: 0.5}, "aime25": {600: 0.5}}))
+    status, out, err = report(capsys, tool, "--format", "csv")
+    assert only(csv_rows(out), row="score_600")["status"].startswith("not in this run: never at one shared step")

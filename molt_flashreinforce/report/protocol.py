@@ -62,20 +62,21 @@ def rollouts_at(scalars: dict[str, Series], step: int) -> float | None:
 
 def measure(scalars: dict[str, Series], metric: Metric, at: At) -> Measurement:
     series = metric_series(scalars, metric)
-    if series is None:
-        wanted = " or ".join(", ".join(alt.tags) for alt in metric.alternatives)
-        return Measurement(None, None, missing=NOT_IN_RUN, detail=f"no {wanted}")
     if not series:
-        return Measurement(None, None, missing=NOT_IN_RUN, detail=f"{', '.join(metric.alternatives[0].tags)} never logged at a shared step")
+        wanted = " or ".join(", ".join(alt.tags) for alt in metric.alternatives)
+        problem = "no" if series is None else "never at one shared step:"
+        return Measurement(None, None, missing=NOT_IN_RUN, detail=f"{problem} {wanted}")
 
     step_bound = at.bound
     if at.selector == "rollouts":
         consumed = scalars.get(metric_names.ROLLOUTS_CONSUMED)
         if not consumed:
-            return Measurement(None, None, missing=NOT_IN_RUN, detail=f"no {metric_names.ROLLOUTS_CONSUMED} to locate {at.bound:,.0f} rollouts")
+            detail = f"no {metric_names.ROLLOUTS_CONSUMED} to locate {at.bound:,.0f} rollouts"
+            return Measurement(None, None, missing=NOT_IN_RUN, detail=detail)
         within_budget = [step for step, total in consumed if total <= at.bound]
         if not within_budget:
-            return Measurement(None, None, missing="budget not reached", detail=f"first logged step already used {consumed[0][1]:,.0f} rollouts")
+            detail = f"its first logged step had already used {consumed[0][1]:,.0f} rollouts"
+            return Measurement(None, None, missing="over budget from the start", detail=detail)
         step_bound = within_budget[-1]
 
     window = [point for point in series if point[0] <= step_bound]
