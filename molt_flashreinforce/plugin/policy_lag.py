@@ -1,0 +1,117 @@
+"""Policy lag, measured: how many optimizer updates old the weights that generated a batch were.
+
+Molt records no policy version on its rollouts, and queue depth does not fix the lag (partial
+rollout keeps requests in flight across weight refits). `install()` (idempotent, run in every Ray
+worker by our setup hook) patches two plain Molt classes, each used in its own Ray actor:
+
+* `SamplesGenerator` (in `GenerateSamplesActor`): every rollout dispatched to the agent runners is
+  stamped with its dispatch time, and each Experience of a finished group carries that stamp as
+  the attribute `policy_dispatch_time` (an attribute, not an `info` entry, so Molt does not log
+  it as a metric of its own).
+* `BaseRLTrainer.train_step` (run by `TrainingActor`): the trainer keeps the time at which each
+  policy version went live in vLLM (version v = weights after v updates; `train_step` at
+  `global_step` g updates and refits, so version g + 1 is live when it returns). A sample's version
+  is the newest one live at its dispatch, its lag is g minus that version, and the step's status
+  gains `policy_lag_mean` and `policy_lag_max`, which Molt logs as `train/policy_lag_mean` /
+  `train/policy_lag_max` (metrics.POLICY_LAG_MEAN / POLICY_LAG_MAX).
+
+Lag 0 is on-policy; Molt's queue of 1 without force_sync_mode gives lag 1 (the next batch is
+generated while the current one trains). The version is the one at dispatch: under partial rollout
+later tokens of a long rollout may come from newer weights, so this is the rollout's oldest
+version. The generator and the trainer may run on different nodes: their clocks are assumed
+synchronised to well under one training step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import time
+
+from molt_flashreinforce import metrics
+
+DISPATCH_TIME_ATTRIBUTE = "policy_dispatch_time"
+LAG_MEAN_KEY = metrics.POLICY_LAG_MEAN.removeprefix("train/")
+LAG_MAX_KEY = metrics.POLICY_LAG_MAX.removeprefix("train/")
+_INSTALLED_MARK = "_molt_flashreinforce_policy_lag"
+
+
+class PolicyVersionClock:
+    """When each policy version went live; answers which version was live at a given time."""
+
+    def __init__(self, first_version: int) -> None:
+        self._times = [float("-inf")]
+        self._versions = [first_version]
+
+    def went_live(self, version: int, at: float) -> None:
+        self._times.append(at)
+        self._versions.append(version)
+
+    def version_at(self, moment: float) -> int:
+        return self._versions[bisect.bisect_right(self._times, moment) - 1]
+
+
+def lag_statistics(samples, clock: PolicyVersionClock, global_step: int) -> dict[str, float]:
+    """{policy_lag_mean, policy_lag_max} over the stamped samples; {} when none is stamped."""
+    lags = [
+        global_step - clock.version_at(stamp)
+        for stamp in (getattr(sample, DISPATCH_TIME_ATTRIBUTE, None) for sample in samples)
+        if stamp is not None
+    ]
+    if not lags:
+        return {}
+    return {LAG_MEAN_KEY: sum(lags) / len(lags), LAG_MAX_KEY: float(max(lags))}
+
+
+def _patch_generator(generator_class) -> None:
+    dispatch = generator_class._dispatch_to_agent_runners
+    filter_group = generator_class._filter_group
+
+    @functools.wraps(dispatch)
+    def dispatch_and_stamp(self, *args, **kwargs):
+        refs = dispatch(self, *args, **kwargs)
+        stamps = self.__dict__.setdefault("_policy_dispatch_times", {})
+        now = time.time()
+        for ref in refs:
+            stamps[ref] = now
+        return refs
+
+    @functools.wraps(filter_group)
+    def filter_and_carry_stamp(self, finished_rollout, *args, **kwargs):
+        samples = filter_group(self, finished_rollout, *args, **kwargs)
+        stamp = self.__dict__.get("_policy_dispatch_times", {}).pop(finished_rollout, None)
+        if stamp is not None:
+            for sample in samples:
+                setattr(sample, DISPATCH_TIME_ATTRIBUTE, stamp)
+        return samples
+
+    generator_class._dispatch_to_agent_runners = dispatch_and_stamp
+    generator_class._filter_group = filter_and_carry_stamp
+
+
+def _patch_trainer(trainer_class) -> None:
+    train_step = trainer_class.train_step
+
+    @functools.wraps(train_step)
+    def train_step_with_lag(self, rollout_samples, global_step):
+        clock = self.__dict__.get("_policy_version_clock")
+        if clock is None:  # the weights vLLM holds at the first step (a resumed run starts above 0)
+            clock = self._policy_version_clock = PolicyVersionClock(global_step)
+        lag = lag_statistics(rollout_samples, clock, global_step)
+        status, next_step = train_step(self, rollout_samples, global_step)
+        clock.went_live(next_step, time.time())
+        status.update(lag)
+        return status, next_step
+
+    trainer_class.train_step = train_step_with_lag
+
+
+def install() -> None:
+    """Patch Molt's generator and trainer classes in this process (idempotent)."""
+    from molt.trainer.rl_trainer import BaseRLTrainer
+    from molt.trainer.rollout.samples_generator import SamplesGenerator
+
+    for cls, patch in ((SamplesGenerator, _patch_generator), (BaseRLTrainer, _patch_trainer)):
+        if not cls.__dict__.get(_INSTALLED_MARK):
+            patch(cls)
+            setattr(cls, _INSTALLED_MARK, True)
