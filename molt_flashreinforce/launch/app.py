@@ -15,6 +15,7 @@ Hydra's `+` prefix (the app adds `++` before Hydra parses the overrides).
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from pathlib import Path
@@ -35,7 +36,12 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     """Launch one composed job whose outputs go to `run_dir`."""
     if cfg.backend == "local":
         from molt_flashreinforce import local
+        from molt_flashreinforce.launch.records import write_records
 
+        write_records(run_dir, cfg, command=None, warnings=[])
+        if cfg.dry_run:
+            print("dry_run=true: not training (backend=local).")
+            return
         local.run(cfg, run_dir)
         return
     if cfg.backend != "molt":
@@ -59,7 +65,12 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
-    run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    try:
+        run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except Exception:
+        # Into the job's own log file, so a failed job of a sweep keeps its reason.
+        logging.getLogger("molt_flashreinforce").exception("job failed")
+        raise
 
 
 def main() -> None:
