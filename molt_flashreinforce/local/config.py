@@ -1,0 +1,155 @@
+"""The `local:` config node of the CPU backend, as typed, validated dataclasses.
+
+    LocalConfig.from_node(cfg.local)   # OmegaConf node, dict, or None (-> a clear error)
+
+Every field has a default (the `tiny` experiment's values live in conf/experiment/tiny.yaml).
+Unknown keys and out-of-range values raise `LocalConfigError` naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class LocalConfigError(ValueError):
+    """The `local:` node is missing or holds a bad value."""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    max_operand: int = 99  # operands are drawn from [0, max_operand]; answers have 1..digits(2*max) digits
+    datasource: str = "tiny"  # the eval metric is eval/eval_<datasource>_pass1, as in Molt
+    eval_size: int = 512  # held-out problems, never used for training
+    eval_seed: int = 1234  # fixes the held-out set independently of the run seed
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    steps: int = 300  # supervised (teacher-forced) updates before RL; 0 = start from random weights
+    batch_size: int = 128
+    lr: float = 3e-3
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 25  # updates between evals; evals also run at step 0 and at the end
+    temperature: float = 1.0  # Molt's eval temperature falls back to the rollout temperature
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 100  # updates between checkpoints; one is always written at the end
+    keep_last: int = 2
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    device: str = "cpu"
+    num_threads: int = 1  # torch intra-op threads: a model this small runs fastest on one
+    steps: int = 300  # optimizer steps = fresh rollout batches
+    rollouts_per_step: int = 128  # B trajectories per update (prompts per update = B / group_size)
+    policy_lag: int = 0  # rollouts come from the policy exactly this many updates old (0 = on-policy)
+    temperature: float = 1.0  # rollout sampling temperature (top-p 1, no truncation)
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    adam_betas: tuple[float, float] = (0.9, 0.95)  # Molt's default betas
+    max_grad_norm: float = 1.0
+    progress_bar: bool = True
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        _positive("local.steps", self.steps)
+        _positive("local.rollouts_per_step", self.rollouts_per_step)
+        _positive("local.num_threads", self.num_threads)
+        if not isinstance(self.policy_lag, int) or self.policy_lag < 0:
+            raise LocalConfigError(f"local.policy_lag must be an integer >= 0 (0 = on-policy), got {self.policy_lag!r}")
+        for name in ("temperature", "lr", "max_grad_norm"):
+            _positive_float(f"local.{name}", getattr(self, name))
+        _positive_float("local.eval.temperature", self.eval.temperature)
+        _positive_float("local.warm_start.lr", self.warm_start.lr)
+        if self.weight_decay < 0:
+            raise LocalConfigError(f"local.weight_decay must be >= 0, got {self.weight_decay!r}")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise LocalConfigError(f"local.adam_betas must be two numbers in [0, 1), got {self.adam_betas!r}")
+        _positive("local.task.max_operand", self.task.max_operand)
+        _positive("local.task.eval_size", self.task.eval_size)
+        if self.task.eval_size > (self.task.max_operand + 1) ** 2 // 2:
+            raise LocalConfigError(
+                f"local.task.eval_size={self.task.eval_size} holds out more than half of the "
+                f"{(self.task.max_operand + 1) ** 2} problems; lower it or raise local.task.max_operand"
+            )
+        for name in ("n_layer", "n_embd", "n_head"):
+            _positive(f"local.model.{name}", getattr(self.model, name))
+        if self.model.n_embd % self.model.n_head:
+            raise LocalConfigError(
+                f"local.model.n_embd={self.model.n_embd} must be divisible by local.model.n_head={self.model.n_head}"
+            )
+        if self.warm_start.steps < 0:
+            raise LocalConfigError(f"local.warm_start.steps must be >= 0, got {self.warm_start.steps!r}")
+        _positive("local.warm_start.batch_size", self.warm_start.batch_size)
+        _positive("local.eval.every", self.eval.every)
+        _positive("local.checkpoint.every", self.checkpoint.every)
+        _positive("local.checkpoint.keep_last", self.checkpoint.keep_last)
+
+    @classmethod
+    def from_node(cls, node: Any) -> "LocalConfig":
+        if node is None:
+            raise LocalConfigError(
+                "backend=local needs the `local:` config node; run `molt-flashreinforce experiment=tiny` "
+                "(conf/experiment/tiny.yaml sets it) or pass local.* overrides"
+            )
+        return _build(cls, _plain(node), "local")
+
+
+def _plain(node: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # plain dicts still work without omegaconf
+        return node
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def _build(cls, values: Mapping[str, Any], prefix: str):
+    if not isinstance(values, Mapping):
+        raise LocalConfigError(f"{prefix} must be a mapping, got {values!r}")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise LocalConfigError(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}; "
+                               f"valid keys: {', '.join(sorted(known))}")
+    kwargs = {}
+    for name, value in values.items():
+        nested = known[name].default_factory if known[name].default_factory is not dataclasses.MISSING else None
+        if nested is not None and dataclasses.is_dataclass(nested):
+            kwargs[name] = _build(nested, value or {}, f"{prefix}.{name}")
+        elif name == "adam_betas":
+            kwargs[name] = tuple(float(b) for b in value)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise LocalConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _positive_float(name: str, value: Any) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise LocalConfigError(f"{name} must be a positive finite number, got {value!r}")

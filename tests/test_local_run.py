@@ -1,0 +1,101 @@
+"""`molt_flashreinforce.local.run` end to end on a very small config: TensorBoard tags (Molt's
+names from metrics.py), checkpoints, bit-exact resume, config errors, and the tiny experiment's
+composition through Hydra."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from molt_flashreinforce import metrics as tags
+from molt_flashreinforce.local import run
+from molt_flashreinforce.local.config import LocalConfig, LocalConfigError
+from molt_flashreinforce.report.events import read_scalars
+
+
+def _cfg(steps=6, algo=None, **local):
+    node = dict(
+        steps=steps, rollouts_per_step=16, policy_lag=2, lr=3e-3, progress_bar=False,
+        task={"max_operand": 9, "eval_size": 10},
+        model={"n_layer": 1, "n_embd": 32, "n_head": 2},
+        warm_start={"steps": 20, "batch_size": 32, "lr": 1e-2},
+        eval={"every": 3}, checkpoint={"every": 2, "keep_last": 2},
+    )
+    node.update(local)
+    algo = algo or {"name": "flashreinforce", "group_size": 1, "delta": 3e-3, "gate_level": "sequence",
+                    "gate_mean": "arithmetic", "reduction": "sample_mean", "constant_length": None,
+                    "importance_sampling": True, "entropy_filter_q": 1.0}
+    return OmegaConf.create({"backend": "local", "seed": 3, "algo": algo, "local": node})
+
+
+def test_run_writes_molt_metric_names_checkpoints_and_a_summary(tmp_path):
+    summary = run(_cfg(), tmp_path)
+    scalars = read_scalars(tmp_path)
+    train_tags = {tags.REWARD_MEAN, tags.REWARD_STD, tags.ROLLOUT_PASS1, tags.NUM_ROLLOUTS,
+                  tags.RESPONSE_LENGTH_MEAN, tags.TRUNCATED_RATE, tags.POLICY_LOSS, tags.ADVANTAGE_MEAN,
+                  tags.ACTOR_LR, tags.ACTOR_GRAD_NORM, tags.VLLM_KL, tags.IS_FILTER_RATIO, tags.ACCEPTANCE_RATE,
+                  tags.SEQUENCE_KL_MEAN, tags.RETAINED_TOKEN_FRACTION, tags.POLICY_LAG_MEAN, tags.POLICY_LAG_MAX}
+    for tag in train_tags:
+        assert [step for step, _ in scalars[tag]] == list(range(1, 7)), tag
+    assert [v for _, v in scalars[tags.POLICY_LAG_MAX]] == [0, 1, 2, 2, 2, 2]
+    assert scalars[tags.ROLLOUTS_CONSUMED] == tuple((s, 16.0 * s) for s in range(7))
+    assert [s for s, _ in scalars["eval/eval_tiny_pass1"]] == [0, 3, 6]
+    assert {v for _, v in scalars[tags.NUM_ROLLOUTS]} == {16.0}
+    for _, rate in scalars[tags.ACCEPTANCE_RATE]:
+        assert 0.0 <= rate <= 1.0
+    assert (tmp_path / "tensorboard").is_dir()
+
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000004.pt", "step_000006.pt"]
+    assert summary["updates"] == 6 and summary["rollouts_consumed"] == 96
+    assert summary["eval_pass1_end"] == scalars["eval/eval_tiny_pass1"][-1][1]
+    assert summary["loss_path"] == "MoltObjective"
+    assert json.loads((tmp_path / "summary.json").read_text())["checkpoint"].endswith("step_000006.pt")
+
+
+def test_resume_continues_bit_for_bit(tmp_path):
+    straight = run(_cfg(steps=6), tmp_path / "straight")
+    run(_cfg(steps=3), tmp_path / "resumed")  # stops after update 3 with a checkpoint there
+    (tmp_path / "resumed" / "checkpoints" / "step_000002.pt").unlink()  # resume from the latest, 3
+    resumed = run(_cfg(steps=6), tmp_path / "resumed")
+    a = torch.load(tmp_path / "straight/checkpoints/step_000006.pt", weights_only=False)["trainer"]
+    b = torch.load(tmp_path / "resumed/checkpoints/step_000006.pt", weights_only=False)["trainer"]
+    for key in a["policy"]:
+        assert torch.equal(a["policy"][key], b["policy"][key]), key
+    assert [tuple(x) for x in straight["eval_history"]] == [tuple(x) for x in resumed["eval_history"]]
+    assert read_scalars(tmp_path / "straight")[tags.REWARD_MEAN] == read_scalars(tmp_path / "resumed")[tags.REWARD_MEAN]
+
+
+def test_resume_refuses_changed_settings(tmp_path):
+    run(_cfg(steps=2), tmp_path)
+    with pytest.raises(ValueError, match="different settings.*policy_lag"):
+        run(_cfg(steps=4, policy_lag=5), tmp_path)
+
+
+def test_grpo_runs_on_the_same_harness(tmp_path):
+    summary = run(_cfg(steps=2, algo={"name": "grpo", "group_size": 4, "clip_eps": 0.2}), tmp_path)
+    scalars = read_scalars(tmp_path)
+    assert summary["rollouts_consumed"] == 32 and tags.ACCEPTANCE_RATE not in scalars
+
+
+def test_config_errors_name_the_key_and_the_fix():
+    with pytest.raises(LocalConfigError, match="experiment=tiny"):
+        LocalConfig.from_node(None)
+    with pytest.raises(LocalConfigError, match=r"local\.model\.n_layers"):
+        LocalConfig.from_node({"model": {"n_layers": 2}})
+    with pytest.raises(LocalConfigError, match="policy_lag must be an integer >= 0"):
+        LocalConfig.from_node({"policy_lag": -1})
+    with pytest.raises(LocalConfigError, match="multiple of algo.group_size"):
+        run(_cfg(rollouts_per_step=6, algo={"name": "grpo", "group_size": 4}), "unused")
+
+
+def test_tiny_experiment_composes_to_a_valid_local_backend():
+    with initialize_config_module("molt_flashreinforce.conf", version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=tiny", "algo=grpo", "local.policy_lag=8"])
+    assert cfg.backend == "local" and cfg.algo.name == "grpo" and cfg.algo.group_size == 4
+    local = LocalConfig.from_node(cfg.local)
+    assert local.policy_lag == 8 and local.task.datasource == "tiny"
+    assert local.rollouts_per_step % cfg.algo.group_size == 0
