@@ -22,7 +22,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 _MOLT_OVERRIDE = re.compile(r"^molt\.[^=~+]+=")
 
@@ -30,6 +30,14 @@ _MOLT_OVERRIDE = re.compile(r"^molt\.[^=~+]+=")
 def open_molt_overrides(argv: list[str]) -> list[str]:
     """`molt.a.b=v` -> `++molt.a.b=v`: add-or-override, since Molt has more flags than the config sets."""
     return [f"++{arg}" if _MOLT_OVERRIDE.match(arg) else arg for arg in argv]
+
+
+def plain_override_dirname(dirname: str) -> str:
+    """Hydra's override_dirname without the `+`/`++` prefixes, for readable sweep directories."""
+    return ",".join(item.lstrip("+") for item in dirname.split(","))
+
+
+OmegaConf.register_new_resolver("plain_override_dirname", plain_override_dirname, replace=True)
 
 
 def run(cfg: DictConfig, run_dir: Path) -> None:
