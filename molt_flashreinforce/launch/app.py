@@ -15,7 +15,9 @@ Hydra's `+` prefix (the app adds `++` before Hydra parses the overrides).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -57,8 +59,13 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
 
         raise LaunchError(f"backend={cfg.backend!r} is unknown; use backend=molt (GPU) or backend=local (CPU).")
 
+    from molt_flashreinforce.launch import ray_cluster
     from molt_flashreinforce.launch.job import prepare_molt_job, run_molt_job
 
+    role = None if cfg.dry_run else ray_cluster.slurm_role(os.environ)
+    if role is not None and not role.is_head:
+        ray_cluster.join_as_worker(role)  # the head node's task prepares and runs the job
+        return
     job = prepare_molt_job(cfg, run_dir)
     if job.molt_messages.strip():
         print(f"Molt's validation said:\n{job.molt_messages.rstrip()}")
@@ -68,7 +75,8 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     if cfg.dry_run:
         print("dry_run=true: not starting Ray.")
         return
-    run_molt_job(job)
+    with ray_cluster.head_node(role) if role is not None else contextlib.nullcontext({}) as cluster_env:
+        run_molt_job(job, extra_env=cluster_env)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
