@@ -9,6 +9,9 @@ Written files are checked with this package's validator and loaded the way Molt 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,15 +181,17 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     assert status == 2 and "write NAME=FILE_OR_ID" in err
 
 
-def test_hub_ids_without_network_point_to_local_files(tmp_path, capsys, monkeypatch):
+def test_hub_ids_without_network_point_to_local_files(tmp_path):
     pytest.importorskip("datasets", reason="pip install 'molt-flashreinforce[data]'")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    status, _, err = run("math_qwen2p5_1p5b", tmp_path, [], capsys)
-    assert status == 2
-    assert "Could not load the Hugging Face dataset 'BytedTsinghua-SIA/DAPO-Math-17k' (split 'train')" in err
-    assert "pass it as a local file with --source" in err
+    # A fresh process: huggingface_hub reads the offline switch when it is imported.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    done = subprocess.run(
+        [sys.executable, "-m", "molt_flashreinforce.data.cli", "math_qwen2p5_1p5b", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert "Could not load the Hugging Face dataset 'BytedTsinghua-SIA/DAPO-Math-17k' (split 'train')" in done.stderr
+    assert "pass it as a local file with --source" in done.stderr
 
 
 @pytest.mark.parametrize(
