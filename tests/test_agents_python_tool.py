@@ -105,6 +105,18 @@ def test_malformed_calls_and_failing_code_come_back_as_error_text(runner, tokeni
     assert "ValueError: boom" in policy.prompts[2] and "exited with status 1" in policy.prompts[2]
 
 
+def test_calls_past_the_per_turn_cap_are_refused_not_run(runner, tokenizer):
+    from molt_flashreinforce.agents.python_tool_env import MAX_CALLS_PER_TURN
+
+    burst = "".join(call(f"print({i})").removesuffix("<|im_end|>") for i in range(MAX_CALLS_PER_TURN + 2)) + "<|im_end|>"
+    trajectory, policy = harness.run_episode(runner, tokenizer, [burst, "\\boxed{1066}<|im_end|>"], LABEL, PROMPT)
+    assert trajectory.extra_logs["tool_calls"] == MAX_CALLS_PER_TURN
+    assert trajectory.extra_logs["invalid_tool_calls"] == 2
+    outputs = [tool_response(f"{i}\n") for i in range(MAX_CALLS_PER_TURN)]
+    refused = tool_response(f"Error: not run; at most {MAX_CALLS_PER_TURN} tool calls per turn.")
+    assert policy.prompts[1].endswith(next_user_turn(burst, "\n".join(outputs + [refused, refused])))
+
+
 def test_context_exhaustion_ends_the_episode_truncated(runner, tokenizer):
     actions = [call("print('x' * 500)"), "\\boxed{1066}<|im_end|>"]
     max_length = len(tokenizer(PROMPT, add_special_tokens=False)["input_ids"]) + 200

@@ -6,7 +6,8 @@ and admissible actions into the prompt's ``OBSERVATION_SLOT``. Each model turn's
 the game's reply and the admissible actions come back as the next observation (masked out
 of the loss by Molt). The episode ends with reward 1 when the game is won, 0 when it ends
 otherwise, and is truncated with reward 0 after ``MAX_AGENT_TURNS`` turns (default 50).
-Game calls run in a worker thread, off Molt's event loop.
+Game calls run on this module's thread pool (``ALFWORLD_THREADS``, default 16), off Molt's
+event loop and its default executor.
 
 ``Result.info``: ``won``, ``turns``, ``invalid_actions``, ``turn_limit_reached``.
 """
@@ -14,6 +15,9 @@ Game calls run in a worker thread, off Molt's event loop.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
+import os
 
 from molt.agents import Env, Result
 
@@ -24,6 +28,13 @@ from molt_flashreinforce.agents.turns import max_agent_turns
 
 DEFAULT_MAX_TURNS = 50
 FORMAT_REMINDER = "Invalid format: give exactly one command inside <action></action>."
+_THREADS = concurrent.futures.ThreadPoolExecutor(
+    max_workers=int(os.environ.get("ALFWORLD_THREADS", "16")), thread_name_prefix="alfworld"
+)
+
+
+async def _in_thread(fn, *args):
+    return await asyncio.get_running_loop().run_in_executor(_THREADS, functools.partial(fn, *args))
 
 
 class AlfWorldEnv(Env):
@@ -42,8 +53,8 @@ class AlfWorldEnv(Env):
                 "prepare the data with `molt-flashreinforce-data alfworld_qwen2p5_7b`."
             )
         game_file = resolve_game_file(state["label"])
-        self.game = await asyncio.to_thread(AlfWorldGame, game_file)
-        opening = await asyncio.to_thread(self.game.reset)
+        self.game = await _in_thread(AlfWorldGame, game_file)
+        opening = await _in_thread(self.game.reset)
         return {**state, "observation": prompt.replace(OBSERVATION_SLOT, describe(opening.observation, opening.admissible))}
 
     def _info(self, won: bool = False, turn_limit_reached: bool = False) -> dict:
@@ -62,7 +73,7 @@ class AlfWorldEnv(Env):
             self.invalid_actions += 1
             feedback = FORMAT_REMINDER
         else:
-            played = await asyncio.to_thread(self.game.step, command)
+            played = await _in_thread(self.game.step, command)
             if played.won or played.done:
                 return Result(reward=1.0 if played.won else 0.0, terminated=True, info=self._info(won=played.won))
             feedback = describe(played.observation, played.admissible)
@@ -72,5 +83,5 @@ class AlfWorldEnv(Env):
 
     async def close(self):
         if self.game is not None:
-            await asyncio.to_thread(self.game.close)
+            await _in_thread(self.game.close)
             self.game = None

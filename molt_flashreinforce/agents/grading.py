@@ -7,11 +7,15 @@ the **last** ``\\boxed{...}`` (or ``\\fbox{...}``) in ``response``; none means i
 turned off, since ``signal.alarm`` only works on the main thread and Molt grades inside Ray
 actors' event loops. Instead each comparison runs in a long-lived grader process that is
 killed and replaced when it overruns ``timeout_s``; an overrun grades as incorrect with
-``timed_out``. ``grade`` blocks; agents call it through ``asyncio.to_thread``.
+``timed_out``. ``grade`` blocks; ``await grade_async(...)`` runs it on this module's own
+thread pool, so waiting graders never crowd out the event loop's default executor.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import json
 import os
 import queue
@@ -153,7 +157,9 @@ class _GraderPool:
             return verdict
 
 
-_POOL = _GraderPool(int(os.environ.get("MATH_GRADER_PROCESSES", "2")))
+_GRADER_PROCESSES = int(os.environ.get("MATH_GRADER_PROCESSES", "2"))
+_POOL = _GraderPool(_GRADER_PROCESSES)
+_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=4 * _GRADER_PROCESSES, thread_name_prefix="math-grade")
 
 
 def grade(response: str, ground_truth: str, timeout_s: float = GRADER_TIMEOUT_S) -> Grade:
@@ -165,6 +171,11 @@ def grade(response: str, ground_truth: str, timeout_s: float = GRADER_TIMEOUT_S)
         return Grade(correct=True, answer=answer)
     verdict = _POOL.ask(answer, str(ground_truth), timeout_s)
     return Grade(correct=bool(verdict), answer=answer, timed_out=verdict is None)
+
+
+async def grade_async(response: str, ground_truth: str, timeout_s: float = GRADER_TIMEOUT_S) -> Grade:
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_THREADS, functools.partial(grade, response, ground_truth, timeout_s))
 
 
 if __name__ == "__main__":

@@ -1,22 +1,20 @@
 """Single-turn math environment: 0/1 reward for the last ``\\boxed{}`` answer of the response.
 
 ``Result.info`` (numeric, logged by Molt): ``missing_answer``, ``grader_timeout``, ``turns`` (1).
-Grading runs off the event loop (``asyncio.to_thread``) under ``grading.grade``'s wall-clock bound.
+Grading runs off the event loop (``grade_async``) under ``grading.grade``'s wall-clock bound.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from molt.agents import Env, Result
 
-from molt_flashreinforce.agents.grading import grade
+from molt_flashreinforce.agents.grading import grade_async
 from molt_flashreinforce.agents.labels import ground_truth
 
 
 class MathEnv(Env):
     async def step(self, state: dict, **kwargs) -> Result:
-        verdict = await asyncio.to_thread(grade, state["action_text"], ground_truth(state["label"]))
+        verdict = await grade_async(state["action_text"], ground_truth(state["label"]))
         return Result(
             reward=1.0 if verdict.correct else 0.0,
             terminated=True,

@@ -1,7 +1,7 @@
 """Multi-turn Python tool environment: execute tool calls in the sandbox, grade the committed answer.
 
 Each model turn either asks for tool calls (``python_tool_protocol``), which run in the
-sandbox off the event loop and come back as the next observation (Molt masks observations
+sandbox off the event loop (at most ``MAX_CALLS_PER_TURN`` per turn) and come back as the next observation (Molt masks observations
 out of the loss), or commits a final answer, graded 0/1 on its last ``\\boxed{}``. Only the
 committing turn is graded. After ``MAX_AGENT_TURNS`` model turns (default 10) without a
 commitment the episode is truncated with reward 0.
@@ -13,18 +13,19 @@ commitment the episode is truncated with reward 0.
 
 from __future__ import annotations
 
-import asyncio
-
 from molt.agents import Env, Result
 
 from molt_flashreinforce.agents.chatml import next_user_turn
-from molt_flashreinforce.agents.grading import grade
+from molt_flashreinforce.agents.grading import grade_async
 from molt_flashreinforce.agents.labels import ground_truth
 from molt_flashreinforce.agents.python_tool_protocol import parse_tool_calls, tool_response
 from molt_flashreinforce.agents.sandbox import SandboxLimits, run_python_async
 from molt_flashreinforce.agents.turns import max_agent_turns
 
 DEFAULT_MAX_TURNS = 10
+# Parallel calls in one turn are allowed (Qwen templates emit them), but each may run for the
+# full sandbox timeout, so a turn's extra calls get an error instead of a run.
+MAX_CALLS_PER_TURN = 4
 
 
 class PythonToolEnv(Env):
@@ -55,7 +56,7 @@ class PythonToolEnv(Env):
         action = state["action_text"]
         calls = parse_tool_calls(action)
         if not calls:
-            verdict = await asyncio.to_thread(grade, action, ground_truth(state["label"]))
+            verdict = await grade_async(action, ground_truth(state["label"]))
             return Result(
                 reward=1.0 if verdict.correct else 0.0,
                 terminated=True,
@@ -64,7 +65,11 @@ class PythonToolEnv(Env):
         if self.turns >= self.max_turns:
             return Result(reward=0.0, terminated=False, truncated=True, info=self._info(turn_limit_reached=1))
         responses = []
-        for call in calls:
+        for index, call in enumerate(calls):
+            if index >= MAX_CALLS_PER_TURN:
+                self.invalid_tool_calls += 1
+                responses.append(tool_response(f"Error: not run; at most {MAX_CALLS_PER_TURN} tool calls per turn."))
+                continue
             if call.code is None:
                 self.invalid_tool_calls += 1
                 responses.append(tool_response(f"Error: {call.error}."))
