@@ -83,6 +83,12 @@ def test_missing_experiment_lists_the_choices(tmp_path):
     assert "You must specify 'experiment'" in done.stderr and "math_qwen2p5_1p5b" in done.stderr
 
 
+def test_help_without_an_experiment_lists_the_experiments(tmp_path):
+    done = run_cli(tmp_path, "--help")
+    assert done.returncode == 0
+    assert "experiments: alfworld_qwen2p5_7b, long_horizon_r1_distill_1p5b, math_qwen2p5_1p5b" in done.stdout
+
+
 def test_molt_runs_in_a_child_process_whose_failure_keeps_the_log(tmp_path):
     """The child is Molt's real entry point; a flag its parser refuses makes it fail in seconds."""
     job = MoltJob(run_dir=tmp_path, command=MoltCommand(flags=[("--not.a.molt.flag", ["1"])], env={}),

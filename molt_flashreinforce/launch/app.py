@@ -89,8 +89,26 @@ def _hydra_main(cfg: DictConfig) -> None:
         raise
 
 
+def usage() -> str:
+    """Shown for --help without an experiment (Hydra's own help needs a composable config)."""
+    from importlib import resources
+
+    folder = resources.files("molt_flashreinforce.conf") / "experiment"
+    experiments = sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return (
+        "usage: molt-flashreinforce experiment=<name> [algo=flashreinforce|grpo] [key=value ...] [-m]\n"
+        f"experiments: {', '.join(experiments)}\n"
+        "Full config and groups: molt-flashreinforce experiment=<name> --help\n"
+        "Dry run (no Ray, no GPU): molt-flashreinforce experiment=<name> dry_run=true\n"
+    )
+
+
 def main() -> None:
-    sys.argv = [sys.argv[0], *open_molt_overrides(sys.argv[1:])]
+    arguments = sys.argv[1:]
+    if {"--help", "-h"} & set(arguments) and not any(a.startswith("experiment=") for a in arguments):
+        print(usage(), end="")
+        return
+    sys.argv = [sys.argv[0], *open_molt_overrides(arguments)]
     _hydra_main()
 
 

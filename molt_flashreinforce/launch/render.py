@@ -73,9 +73,6 @@ class MoltCommand:
                     out.append(value)
         return out
 
-    def env_references(self) -> list[str]:
-        return [value.name for _, values in self.flags for value in values if isinstance(value, EnvReference)]
-
     def shell(self, python: str = "python") -> str:
         """A runnable, shell-quoted command line, one flag per line."""
         prefix = " ".join(f"{key}={shlex.quote(value)}" for key, value in self.env.items())
