@@ -243,6 +243,12 @@ def test_experiment_from_hydra_choice_and_flag(tmp_path, capsys):
     assert float(only(csv_rows(out), row="final")["this_run"]) == pytest.approx(60.0)
     status, out, err = report(capsys, run, "--experiment", "moe_lag8_qwen3_30b_a3b", "--format", "csv")
     assert status == 0 and {row["experiment"] for row in csv_rows(out)} == {"moe_lag8_qwen3_30b_a3b"}
+    # Last resort: an `experiment=` override; it is left out of the label (the table names it).
+    by_override = make_run(tmp_path / "by_override", {"algo": {"name": "grpo"}},
+                           {metrics.eval_pass1("tiny"): {0: 0.1}}, overrides=["experiment=tiny", "seed=3"])
+    status, out, err = report(capsys, by_override, "--format", "csv")
+    assert status == 0, err
+    assert {(row["experiment"], row["run"], row["paper_arm"]) for row in csv_rows(out)} == {("tiny", "seed=3", "GRPO")}
 
 
 def test_run_without_config_uses_default_arm_and_needs_experiment(tmp_path, capsys):

@@ -58,9 +58,8 @@ class Run:
         if isinstance(self.choices.get("experiment"), str):
             return self.choices["experiment"]
         for override in self.overrides:
-            key, _, value = override.lstrip("+~").partition("=")
-            if key == "experiment" and value:
-                return value
+            if _names_experiment(override) and override.partition("=")[2]:
+                return override.partition("=")[2]
         return None
 
 
@@ -117,12 +116,17 @@ def _load_yaml(path: Path) -> Any:
         return OmegaConf.to_container(node, resolve=False)
 
 
+def _names_experiment(override: str) -> bool:
+    return override.lstrip("+~").partition("=")[0] == "experiment"
+
+
 def row_labels(runs: list[Run]) -> list[str]:
-    """Each run's overrides minus those every run shares; the directory name when nothing is left."""
+    """Each run's overrides minus those every run shares and the experiment choice (the table's
+    heading names it); the directory name when nothing is left."""
     shared = set.intersection(*(set(run.overrides) for run in runs)) if len(runs) > 1 else set()
     labels = []
     for run in runs:
-        distinct = [override for override in run.overrides if override not in shared]
+        distinct = [o for o in run.overrides if o not in shared and not _names_experiment(o)]
         labels.append(" ".join(distinct) or run.path.name)
     counts = {label: labels.count(label) for label in labels}
     return [f"{label} ({run.path.name})" if counts[label] > 1 else label for label, run in zip(labels, runs)]
