@@ -63,7 +63,7 @@ def _json(text: str, where: str):
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise MalformedRowError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise MalformedRowError(f"{where}: not valid JSON ({exc.msg} at character {exc.pos})") from None
 
 
 def _object(row, where: str) -> dict:
