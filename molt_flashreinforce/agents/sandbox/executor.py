@@ -335,7 +335,6 @@ def isolation() -> Isolation:
     for mode in ("namespaces", "user-network", "none"):
         if mode == "namespaces" and os.geteuid() != 0:
             continue
-        probe = Isolation(mode=mode, network=False, filesystem=False, pid_namespace=False, own_uid=False)
         proc, scratch, _ = _launch(_PROBE_CODE, SandboxLimits(timeout_s=30.0), mode)
         try:
             out, err = proc.communicate(timeout=60)
