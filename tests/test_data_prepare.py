@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from molt_flashreinforce.agents.alfworld_game import resolve_game_file
 from molt_flashreinforce.agents.labels import ground_truth
@@ -23,6 +24,7 @@ from molt_flashreinforce.data.cli import _math_part_rows, main
 from molt_flashreinforce.data.math_rows import BOXED_INSTRUCTION
 from molt_flashreinforce.data.recipes import Part
 from molt_flashreinforce.data.schema import MalformedRowError, validate_row
+from molt_flashreinforce.data.tiny_rows import TINY_CONFIG
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 ALFWORLD = Path(__file__).parent / "fixtures" / "agents" / "alfworld_data"
@@ -150,7 +152,9 @@ def test_tiny_matches_the_local_task_split(tmp_path, capsys):
     assert status == 0, err
     train = read_rows(tmp_path / "tiny" / "train.jsonl")
     evaluation = read_rows(tmp_path / "tiny" / "eval.jsonl")
-    assert (len(train), len(evaluation)) == (100 * 100 - 512, 512)
+    task = OmegaConf.load(TINY_CONFIG).local.task
+    n = int(task.max_operand) + 1
+    assert (len(train), len(evaluation)) == (n * n - int(task.eval_size), int(task.eval_size))
     held_out = {r["prompt"][0]["content"] for r in evaluation}
     assert not held_out & {r["prompt"][0]["content"] for r in train}
     first = evaluation[0]["prompt"][0]["content"]

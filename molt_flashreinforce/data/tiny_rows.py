@@ -1,16 +1,20 @@
 """The CPU experiment's addition problems as Molt math rows (the local backend's own split).
 
 Eval rows are the local task's held-out problems, train rows every other ``a + b`` pair, with
-the operand range and seed of ``conf/experiment/tiny.yaml``'s ``local.task``, so Molt's math
-agent can run the tiny task too.
+the operand range and seed read from ``conf/experiment/tiny.yaml``'s ``local.task``, so Molt's
+math agent can run the tiny task too.
 """
 
 from __future__ import annotations
 
+import os
+
+from omegaconf import OmegaConf
+
 from molt_flashreinforce.data.math_rows import prompt_messages
 from molt_flashreinforce.local.task import AdditionTask
 
-MAX_OPERAND, EVAL_SIZE, EVAL_SEED = 99, 512, 1234
+TINY_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "experiment", "tiny.yaml")
 
 
 def _held_out_pairs(task: AdditionTask) -> list[tuple[int, int]]:
@@ -21,12 +25,14 @@ def _held_out_pairs(task: AdditionTask) -> list[tuple[int, int]]:
 
 
 def tiny_rows(output: str) -> list[dict]:
-    held_out = _held_out_pairs(AdditionTask(MAX_OPERAND, EVAL_SIZE, EVAL_SEED))
+    task = OmegaConf.load(TINY_CONFIG).local.task
+    max_operand = int(task.max_operand)
+    held_out = _held_out_pairs(AdditionTask(max_operand, int(task.eval_size), int(task.eval_seed)))
     if output == "eval":
         pairs = held_out
     else:
         excluded = set(held_out)
-        pairs = [(a, b) for a in range(MAX_OPERAND + 1) for b in range(MAX_OPERAND + 1) if (a, b) not in excluded]
+        pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1) if (a, b) not in excluded]
     return [
         {
             "prompt": prompt_messages(f"What is {a} + {b}?", "boxed"),
