@@ -164,6 +164,17 @@ def test_molt_checks_still_run_on_what_passes_ours(tmp_path):
         prepare(tmp_path, "experiment=math_qwen2p5_1p5b", "algo.importance_sampling=false", "molt.rollout.top_p=0.9")
 
 
+def test_gpu_only_packages_molts_checks_import_are_a_dry_run_warning(tmp_path):
+    """Molt's routing-replay check imports nemo_automodel, which only a GPU install has."""
+    variant = ("experiment=moe_lag8_qwen3_30b_a3b", "algo.delta=1e-3", "++molt.train.routing_replay=true",
+               "++molt.train.partial_rollout_enable=false", "++molt.rollout.vllm_generate_batch_size=128")
+    job = prepare(tmp_path / "dry", *variant)
+    assert any("nemo_automodel" in warning for warning in job.warnings)
+    assert "--train.routing_replay" in job.command.argv(missing="x")
+    with pytest.raises(LaunchError, match="Molt rejected the configuration: --train.routing_replay needs"):
+        prepare(tmp_path / "real", *variant, *present_resources(tmp_path, "moe_lag8_qwen3_30b_a3b"), dry_run=False)
+
+
 def test_policy_loss_is_built_in_the_driver(tmp_path):
     # Molt's CLI accepts any --actor.dual_clip; only PolicyLoss (built on the GPU actors) refuses <= 1.
     with pytest.raises(LaunchError, match="dual_clip"):
@@ -191,17 +202,23 @@ def test_a_real_launch_refuses_what_a_dry_run_only_warns_about(tmp_path, monkeyp
         prepare(tmp_path / "real", *overrides, dry_run=False)
 
 
-def test_a_real_launch_with_everything_present_passes(tmp_path):
-    data = tmp_path / "data" / "math_qwen2p5_1p5b"
+def present_resources(tmp_path: Path, experiment: str) -> tuple[str, str]:
+    """Overrides pointing a real launch at datasets and an agent file that exist."""
+    data = tmp_path / "data" / experiment
     row = {"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": "2"}}
     _write_jsonl(data / "train.jsonl", [row, row])
     _write_jsonl(data / "eval.jsonl", [row])
     agent = tmp_path / "agent.py"
     agent.write_text("AgentRunner = None\n")
-    job = prepare(tmp_path / "run", "experiment=math_qwen2p5_1p5b", f"data.dir={tmp_path / 'data'}",
-                  f"agent.path={agent}", dry_run=False)
+    return f"data.dir={tmp_path / 'data'}", f"agent.path={agent}"
+
+
+def test_a_real_launch_with_everything_present_passes(tmp_path):
+    job = prepare(tmp_path / "run", "experiment=math_qwen2p5_1p5b", *present_resources(tmp_path, "math_qwen2p5_1p5b"),
+                  dry_run=False)
     assert job.warnings == []
-    assert parse_and_validate(job.command.argv()).data.prompt_dataset == str(data / "train.jsonl")
+    args = parse_and_validate(job.command.argv())
+    assert args.data.prompt_dataset == str(tmp_path / "data" / "math_qwen2p5_1p5b" / "train.jsonl")
 
 
 @pytest.mark.parametrize(

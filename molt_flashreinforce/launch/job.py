@@ -72,6 +72,12 @@ def prepare_molt_job(cfg: DictConfig, run_dir: Path) -> MoltJob:
         raise LaunchError(f"Molt's parser refused the rendered flags: {error}") from error
     except (ValueError, AssertionError, NotImplementedError) as error:
         raise LaunchError(f"Molt rejected the configuration: {error}") from error
+    except RuntimeError as error:
+        # Molt's validation imports some GPU-only packages itself (nemo_automodel for routing
+        # replay): absent on this machine, that is something a real launch needs, not a bad config.
+        if not (cfg.dry_run and isinstance(error.__cause__, ImportError)):
+            raise LaunchError(f"Molt rejected the configuration: {error}") from error
+        problems.append(f"Molt's validation needs a package this machine lacks, so it stopped early: {error}")
     write_records(run_dir, cfg, command, problems)
     return MoltJob(run_dir=run_dir, command=command, warnings=problems, molt_messages=messages.getvalue())
 
