@@ -12,4 +12,4 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install torch==2.13.0
 "${PIP[@]}" install --no-deps "molt-rl==0.2.1"
 "${PIP[@]}" install -r requirements/cpu.txt
-"${PIP[@]}" install -e ".[agents,report,slurm,dev]"
+"${PIP[@]}" install -e ".[agents,alfworld,data,report,slurm,dev]"
