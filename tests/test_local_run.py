@@ -58,8 +58,7 @@ def test_run_writes_molt_metric_names_checkpoints_and_a_summary(tmp_path):
 
 def test_resume_continues_bit_for_bit(tmp_path):
     straight = run(_cfg(steps=6), tmp_path / "straight")
-    run(_cfg(steps=3), tmp_path / "resumed")  # stops after update 3 with a checkpoint there
-    (tmp_path / "resumed" / "checkpoints" / "step_000002.pt").unlink()  # resume from the latest, 3
+    run(_cfg(steps=3), tmp_path / "resumed")  # stops after update 3, mid-way between checkpoint cadences
     resumed = run(_cfg(steps=6), tmp_path / "resumed")
     a = torch.load(tmp_path / "straight/checkpoints/step_000006.pt", weights_only=False)["trainer"]
     b = torch.load(tmp_path / "resumed/checkpoints/step_000006.pt", weights_only=False)["trainer"]
@@ -99,3 +98,11 @@ def test_tiny_experiment_composes_to_a_valid_local_backend():
     local = LocalConfig.from_node(cfg.local)
     assert local.policy_lag == 8 and local.task.datasource == "tiny"
     assert local.rollouts_per_step % cfg.algo.group_size == 0
+
+
+def test_without_molt_flashreinforce_falls_back_to_the_torch_objective(tmp_path, monkeypatch):
+    """Molt is installed here; hiding it exercises the path of a machine without it."""
+    monkeypatch.setattr("molt_flashreinforce.local.objective.molt_available", lambda: False)
+    summary = run(_cfg(steps=2), tmp_path)
+    assert summary["loss_path"] == "TorchFlashReinforce"
+    assert tags.ACCEPTANCE_RATE in read_scalars(tmp_path)

@@ -57,7 +57,8 @@ def test_eval_set_is_held_out_and_answers_vary_in_length():
 def test_copying_an_operand_almost_never_answers():
     task = _task()
     everything = task._problems(torch.arange(100 * 100))
-    a, b = everything.prompt_ids[:, 1] * 10 + everything.prompt_ids[:, 2], everything.prompt_ids[:, 4] * 10 + everything.prompt_ids[:, 5]
+    ids = everything.prompt_ids
+    a, b = ids[:, 1] * 10 + ids[:, 2], ids[:, 4] * 10 + ids[:, 5]
     copy_solves = ((a == everything.answers) | (b == everything.answers)).float().mean()
     assert copy_solves < 0.02  # only a + 0 and 0 + b
 

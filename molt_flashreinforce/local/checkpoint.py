@@ -54,5 +54,6 @@ def check_resumable(saved: dict[str, Any], current: dict[str, Any], path: Path) 
         details = "; ".join(f"{key}: {saved.get(key)!r} -> {current.get(key)!r}" for key in changed)
         raise ValueError(
             f"{path} was written with different settings ({details}). Resume with the original settings "
-            "(only local.steps, local.eval, local.checkpoint and local.progress_bar may change) or use a new run directory."
+            "(only local.steps, local.eval, local.checkpoint and local.progress_bar may change) "
+            "or use a new run directory."
         )

@@ -25,7 +25,7 @@ def build_policy(model: ModelConfig, task: AdditionTask, seed: int) -> GPT2LMHea
         attn_pdrop=0.0,
         bos_token_id=task.bos_id,
         eos_token_id=task.eos_id,
-        pad_token_id=None,  # <pad> only follows <eos>, which causal attention never looks back from
+        pad_token_id=None,  # <pad> only ever follows <eos>: causal attention keeps it out of every scored token
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -119,9 +119,10 @@ def run(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"{source}: {algo.name} lag={local.policy_lag} seed={seed} | eval pass@1 {summary['eval_pass1_start']:.3f}"
-        f" -> {summary['eval_pass1_end']:.3f} after {summary['updates']} updates ({summary['rollouts_consumed']} rollouts;"
-        f" {summary['eval_pass1_random_init']:.3f} at random init, warm start {local.warm_start.steps} steps)"
-        f" | {summary['wall_s']:.0f} s | peak RSS {summary['peak_rss_mib']:.0f} MiB | checkpoint {summary['checkpoint']}"
+        f" -> {summary['eval_pass1_end']:.3f} after {summary['updates']} updates"
+        f" ({summary['rollouts_consumed']} rollouts; {summary['eval_pass1_random_init']:.3f} at random init,"
+        f" warm start {local.warm_start.steps} steps) | {summary['wall_s']:.0f} s"
+        f" | peak RSS {summary['peak_rss_mib']:.0f} MiB | checkpoint {summary['checkpoint']}"
     )
     return summary
 

@@ -43,12 +43,13 @@ def sample(
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens, log_probs, masks = [], [], []
     for step in range(max_new_tokens):
-        dist = torch.log_softmax(logits.float() / temperature, dim=-1)
-        token = torch.multinomial(dist.exp(), 1, generator=generator).squeeze(1)
+        step_log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+        token = torch.multinomial(step_log_probs.exp(), 1, generator=generator).squeeze(1)
         active = ~finished
         token = torch.where(active, token, torch.full_like(token, pad_id))
         tokens.append(token)
-        log_probs.append(torch.where(active, dist.gather(1, token[:, None]).squeeze(1), torch.zeros(batch, device=device)))
+        taken = step_log_probs.gather(1, token[:, None]).squeeze(1)
+        log_probs.append(torch.where(active, taken, torch.zeros_like(taken)))
         masks.append(active)
         finished = finished | (token == eos_id)
         if finished.all() or step == max_new_tokens - 1:

@@ -1,0 +1,125 @@
+"""Table and plot of the tiny comparison: held-out pass@1 against rollouts consumed.
+
+    python experiments/tiny/summarize.py runs/tiny_comparison --out experiments/tiny
+
+Reads every Hydra job directory below the given paths (a job = a directory holding
+`.hydra/config.yaml` and TensorBoard events), groups jobs into arms by (algo, group size, delta,
+policy lag), and writes `results.md` (mean and spread over seeds) and `results.png` (mean curve,
+min-max band). Only the metric names of `molt_flashreinforce.metrics` are read, so the same
+script works on any run of the local backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from molt_flashreinforce import metrics as tags
+from molt_flashreinforce.report.events import read_scalars
+
+EVAL = tags.eval_pass1("tiny")
+
+
+def _arm(cfg) -> tuple:
+    algo = cfg.algo
+    delta = algo.get("delta") if algo.name == "flashreinforce" else None
+    return algo.name, int(algo.get("group_size", 1)), delta, int(cfg.local.policy_lag)
+
+
+def _label(arm: tuple) -> str:
+    name, group, delta, lag = arm
+    if name == "grpo":
+        return f"GRPO G={group}, lag {lag}"
+    return f"FlashREINFORCE δ={'∞' if delta == float('inf') else f'{delta:g}'}, lag {lag}"
+
+
+def collect(paths: list[Path]) -> dict[tuple, list[dict]]:
+    arms: dict[tuple, list[dict]] = defaultdict(list)
+    for root in paths:
+        for config_file in sorted(root.rglob(".hydra/config.yaml")):
+            job = config_file.parent.parent
+            cfg = OmegaConf.load(config_file)
+            scalars = read_scalars(job)
+            consumed = dict(scalars[tags.ROLLOUTS_CONSUMED])
+            curve = [(consumed[step], value) for step, value in scalars[EVAL]]
+            acceptance = [v for _, v in scalars.get(tags.ACCEPTANCE_RATE, ())]
+            arms[_arm(cfg)].append({
+                "seed": int(cfg.seed),
+                "curve": curve,
+                "acceptance": statistics.fmean(acceptance) if acceptance else None,
+                "lag": max(v for _, v in scalars[tags.POLICY_LAG_MAX]),
+            })
+    return arms
+
+
+def _mean_sd(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.3f} ± {sd:.3f}"
+
+
+def table(arms: dict[tuple, list[dict]]) -> str:
+    lines = [
+        "| arm | seeds | rollouts | pass@1 start | pass@1 at half budget | pass@1 end | gain "
+        "| mean acceptance | max lag |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in sorted(arms, key=lambda a: (a[3], a[0] != "flashreinforce", str(a[2]))):
+        runs = arms[arm]
+        half = len(runs[0]["curve"]) // 2
+        start = [r["curve"][0][1] for r in runs]
+        middle = [r["curve"][half][1] for r in runs]
+        end = [r["curve"][-1][1] for r in runs]
+        gain = [e - s for s, e in zip(start, end)]
+        acceptance = [r["acceptance"] for r in runs if r["acceptance"] is not None]
+        lines.append(
+            f"| {_label(arm)} | {len(runs)} | {int(runs[0]['curve'][-1][0]):,} | {_mean_sd(start)} | "
+            f"{_mean_sd(middle)} (at {int(runs[0]['curve'][half][0]):,}) | {_mean_sd(end)} | {_mean_sd(gain)} | "
+            f"{f'{statistics.fmean(acceptance):.3f}' if acceptance else 'n/a'} | {max(r['lag'] for r in runs):.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(arms: dict[tuple, list[dict]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lags = sorted({arm[3] for arm in arms})
+    fig, axes = plt.subplots(1, len(lags), figsize=(6 * len(lags), 4.2), sharey=True, squeeze=False)
+    for ax, lag in zip(axes[0], lags):
+        for arm in sorted((a for a in arms if a[3] == lag), key=lambda a: (a[0], str(a[2]))):
+            runs = arms[arm]
+            xs = [x for x, _ in runs[0]["curve"]]
+            ys = [[r["curve"][i][1] for r in runs] for i in range(len(xs))]
+            line, = ax.plot(xs, [statistics.fmean(y) for y in ys], label=f"{_label(arm)} ({len(runs)} seeds)")
+            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.15)
+        ax.set_title(f"policy lag {lag}")
+        ax.set_xlabel("rollouts consumed")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    axes[0][0].set_ylabel("held-out pass@1 (eval/eval_tiny_pass1)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="Hydra sweep or run directories")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent, help="where results.md/png go")
+    args = parser.parse_args()
+    arms = collect(args.paths)
+    if not arms:
+        raise SystemExit(f"no Hydra jobs (.hydra/config.yaml) below {', '.join(map(str, args.paths))}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text(table(arms))
+    plot(arms, args.out / "results.png")
+    print(table(arms))
+
+
+if __name__ == "__main__":
+    main()
