@@ -56,10 +56,9 @@ def test_three_value_sweep_makes_three_run_directories(tmp_path):
 
 
 def test_a_failing_job_does_not_stop_the_sweep_and_keeps_its_log(tmp_path):
-    sweep = tmp_path / "sweep"
-    done = run_cli(tmp_path, "-m", "experiment=python_tool_qwen2p5_7b", "dry_run=true", "algo.delta=-1,1e-3",
-                   f"hydra.sweep.dir={sweep}")
+    done = run_cli(tmp_path, "-m", "experiment=python_tool_qwen2p5_7b", "dry_run=true", "algo.delta=-1,1e-3")
     assert done.returncode != 0
+    (sweep,) = (tmp_path / "runs" / "multirun" / "python_tool_qwen2p5_7b").iterdir()  # the default sweep dir
     failed, good = job_dirs(sweep)
     assert (good / "launch" / "molt_command.sh").is_file()
     assert not (failed / "launch").exists()
