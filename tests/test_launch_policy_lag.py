@@ -1,33 +1,30 @@
 """The policy-lag probe on Molt's real `SamplesGenerator` and `BaseRLTrainer`.
 
-The generator runs for real on a local CPU Ray: Molt's `generate_samples` dispatches each prompt
-to agent runner actors, joins them with Molt's `_gather_group` and filters them with its own
-`_filter_group`. What cannot exist here is stood in for: vLLM (only its `SamplingParams` type is
-imported by the generator module; a plain class replaces it), the agent runners (tiny Ray actors
-returning one Experience per rollout instead of generating through vLLM) and the GPU half of
-`train_step` (an actor update + weight refit; a subclass's `train_step` returns a status instead).
+The generator runs for real on a local CPU Ray whose workers run our setup hook: Molt's
+`generate_samples` dispatches each prompt to agent runner actors, joins them with Molt's
+`_gather_group` and filters them with its own `_filter_group`. What cannot exist here is stood in
+for: vLLM (only its `SamplingParams` type is imported; tests/fixtures/vllm_stub), the agent runners
+(tiny Ray actors returning one Experience per rollout instead of generating through vLLM) and the
+GPU half of `train_step` (an actor update + weight refit; a subclass's `train_step` returns a
+status instead).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 import ray
 import torch
 
+VLLM_STUB = Path(__file__).parent / "fixtures" / "vllm_stub"  # SamplingParams only; no generation
 if importlib.util.find_spec("vllm") is None:
-    fake_vllm = types.ModuleType("vllm")
-
-    class SamplingParams:  # the generator only builds one and hands it to the runners
-        def __init__(self, **fields):
-            self.__dict__.update(fields)
-
-    fake_vllm.SamplingParams = SamplingParams
-    sys.modules["vllm"] = fake_vllm
+    sys.path.insert(0, str(VLLM_STUB))
 
 from molt.trainer.algorithm.experience import Experience  # noqa: E402
 from molt.trainer.rl_trainer import BaseRLTrainer  # noqa: E402
@@ -35,7 +32,7 @@ from molt.trainer.rollout.samples_generator import SamplesGenerator  # noqa: E40
 
 from molt_flashreinforce import metrics  # noqa: E402
 from molt_flashreinforce.launch.molt_cli import parse_and_validate  # noqa: E402
-from molt_flashreinforce.plugin import policy_lag  # noqa: E402
+from molt_flashreinforce.plugin import SETUP_HOOK, policy_lag  # noqa: E402
 
 
 # Ray's workers cannot import this test module: ship what it defines by value.
@@ -57,7 +54,10 @@ class EchoRunner:
 
 @pytest.fixture(scope="module")
 def generator():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # Our launcher's runtime env: every worker runs the setup hook (register + policy_lag.install).
+    pythonpath = os.pathsep.join(filter(None, [str(VLLM_STUB), os.environ.get("PYTHONPATH")]))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": {"PYTHONPATH": pythonpath}})
     args = parse_and_validate([
         "--actor.model_name_or_path", "unused", "--vllm.num_engines", "1", "--train.agent_path", "unused.py",
         "--actor.num_gpus_per_node", "1", "--rollout.batch_size", "2", "--train.batch_size", "2",
@@ -101,6 +101,29 @@ def test_install_is_idempotent_and_wraps_molts_real_methods(generator):
     assert SamplesGenerator._dispatch_to_agent_runners is wrapped
     assert BaseRLTrainer.train_step.__wrapped__.__qualname__ == "BaseRLTrainer.train_step"
     assert SamplesGenerator._filter_group.__wrapped__.__qualname__ == "SamplesGenerator._filter_group"
+
+
+@ray.remote(num_cpus=0)
+class TrainerProbe(BaseRLTrainer):
+    """Like Molt's TrainingActor: a Ray actor subclassing BaseRLTrainer, shipped to the worker by value."""
+
+    def __init__(self):
+        pass
+
+    def probe(self):
+        import os
+
+        from molt.trainer.rollout.samples_generator import SamplesGenerator as WorkerGenerator
+
+        return {"pid": os.getpid(),
+                "train_step": getattr(type(self).train_step, "__wrapped__", None) is not None,
+                "dispatch": getattr(WorkerGenerator._dispatch_to_agent_runners, "__wrapped__", None) is not None}
+
+
+def test_setup_hook_patches_the_classes_inside_ray_workers(generator):
+    result = ray.get(TrainerProbe.remote().probe.remote())
+    assert result["pid"] != os.getpid()
+    assert result["train_step"] and result["dispatch"]
 
 
 def test_generated_samples_carry_their_dispatch_time(generator):
