@@ -152,6 +152,11 @@ def test_bad_flashreinforce_input_is_refused_before_any_gpu_work(tmp_path, overr
     assert not (tmp_path / "launch").exists()
 
 
+def test_molt_backend_without_a_model_is_refused(tmp_path):
+    with pytest.raises(LaunchError, match="model.name_or_path is not set"):
+        prepare(tmp_path, "experiment=tiny", "backend=molt")
+
+
 def test_grpo_importance_correction_is_refused_too(tmp_path):
     with pytest.raises(LaunchError, match="GRPO baseline has no importance correction"):
         prepare(tmp_path, "experiment=python_tool_qwen2p5_7b", "algo=grpo", "++molt.algo.advantage.is_correction_level=seq")

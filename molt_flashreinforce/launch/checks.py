@@ -101,9 +101,8 @@ def _check_batches_and_placement(cfg: DictConfig) -> None:
 
 def check_config(cfg: DictConfig) -> None:
     """Raise `LaunchError` for any combination that cannot be right, whatever the machine."""
-    for key in ("model.name_or_path",):
-        if OmegaConf.select(cfg, key) is None:
-            raise LaunchError(f"{key} is not set; the experiment must set it (or pass {key}=<id or path>).")
+    if cfg.model.name_or_path is None:
+        raise LaunchError("model.name_or_path is not set; the experiment sets it, or pass model.name_or_path=<id or path>.")
     if cfg.algo.name == "flashreinforce":
         _check_flashreinforce(cfg)
     elif cfg.algo.group_size < 2:
