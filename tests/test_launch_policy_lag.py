@@ -15,6 +15,7 @@ import importlib.util
 import os
 import sys
 import time
+from types import SimpleNamespace
 import types
 from pathlib import Path
 
@@ -79,6 +80,7 @@ def patched_trainer(during_step=lambda: None):
     class StepTrainer(BaseRLTrainer):
         def __init__(self):
             self.during_step = during_step
+            self.args = SimpleNamespace(rollout=SimpleNamespace(batch_size=2, n_samples_per_prompt=1))
 
         def train_step(self, rollout_samples, global_step):
             self.during_step()
@@ -165,6 +167,15 @@ def test_resumed_run_counts_from_its_restored_step_and_skips_unstamped_samples(g
     replayed = [Experience(info={"reward": torch.tensor([0.0])})]  # e.g. --train.rollout_replay_dir
     status, _ = trainer.train_step(replayed, 41)
     assert policy_lag.LAG_MEAN_KEY not in status
+
+
+def test_each_step_reports_the_trajectories_consumed_so_far(generator):
+    trainer = patched_trainer()
+    status, step = trainer.train_step(_batch(generator), 0)
+    assert status[policy_lag.ROLLOUTS_CONSUMED_KEY] == 2.0  # one batch of 2 prompts x 1 sample
+    status, _ = trainer.train_step(_batch(generator), 40)  # resumed at step 40: 41 batches trained
+    assert status[policy_lag.ROLLOUTS_CONSUMED_KEY] == 82.0
+    assert f"train/{policy_lag.ROLLOUTS_CONSUMED_KEY}" == metrics.ROLLOUTS_CONSUMED
 
 
 def test_status_keys_are_the_shared_metric_tags():

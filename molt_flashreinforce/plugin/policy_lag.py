@@ -13,7 +13,8 @@ worker by our setup hook) patches two plain Molt classes, each used in its own R
   `global_step` g updates and refits, so version g + 1 is live when it returns). A sample's version
   is the newest one live at its dispatch, its lag is g minus that version, and the step's status
   gains `policy_lag_mean` and `policy_lag_max`, which Molt logs as `train/policy_lag_mean` /
-  `train/policy_lag_max` (metrics.POLICY_LAG_MEAN / POLICY_LAG_MAX).
+  `train/policy_lag_max` (metrics.POLICY_LAG_MEAN / POLICY_LAG_MAX). It also adds
+  `rollouts_consumed` (trajectories trained on so far), the x-axis of the paper's budget comparisons.
 
 Lag 0 is on-policy; Molt's queue of 1 without force_sync_mode gives lag 1 (the next batch is
 generated while the current one trains). The version is the one at dispatch: under partial rollout
@@ -33,6 +34,7 @@ from molt_flashreinforce import metrics
 DISPATCH_TIME_ATTRIBUTE = "policy_dispatch_time"
 LAG_MEAN_KEY = metrics.POLICY_LAG_MEAN.removeprefix("train/")
 LAG_MAX_KEY = metrics.POLICY_LAG_MAX.removeprefix("train/")
+ROLLOUTS_CONSUMED_KEY = metrics.ROLLOUTS_CONSUMED.removeprefix("train/")
 _INSTALLED_MARK = "_molt_flashreinforce_policy_lag"
 
 
@@ -101,6 +103,10 @@ def _patch_trainer(trainer_class) -> None:
         status, next_step = train_step(self, rollout_samples, global_step)
         clock.went_live(next_step, time.time())
         status.update(lag)
+        # The report's budget axis: one step trains exactly one rollout batch, so the count also
+        # holds for a resumed run.
+        rollout = self.args.rollout
+        status[ROLLOUTS_CONSUMED_KEY] = float(next_step * rollout.batch_size * rollout.n_samples_per_prompt)
         return status, next_step
 
     trainer_class.train_step = train_step_with_lag
