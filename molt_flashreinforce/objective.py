@@ -143,13 +143,7 @@ def flashreinforce_loss(
 ) -> FlashReinforceOutput:
     """The FlashREINFORCE loss over one whole learner batch (see the module docstring)."""
     _check_log_prob_inputs(log_probs, behavior_log_probs, mask)
-    if rewards.shape != (log_probs.shape[0],):
-        raise ValueError(f"rewards must have shape [B]=({log_probs.shape[0]},), got {tuple(rewards.shape)}")
-    if rewards.device != log_probs.device:
-        raise ValueError(f"rewards are on {rewards.device} but log_probs on {log_probs.device}; move them together")
-    rewards = rewards.detach().to(_compute_dtype(log_probs))
-    if not torch.isfinite(rewards).all():
-        raise ValueError("rewards must be finite; check the reward function for NaN/inf")
+    rewards = _per_trajectory("rewards", rewards, log_probs)
     return _objective(log_probs, behavior_log_probs, batch_mean_advantages(rewards), mask, config,
                       failures=failures, entropies=entropies, batch_size=None, batch_tokens=None)
 
@@ -170,11 +164,7 @@ def flashreinforce_policy_loss(
     the whole batch) and `batch_size` / `batch_tokens` are the whole batch's trajectory and policy-token
     counts (default: this slice's). Summing the slices' losses gives the whole batch's loss exactly."""
     _check_log_prob_inputs(log_probs, behavior_log_probs, mask)
-    if advantages.shape != (log_probs.shape[0],):
-        raise ValueError(f"advantages must have shape [B]=({log_probs.shape[0]},), got {tuple(advantages.shape)}")
-    advantages = advantages.detach().to(_compute_dtype(log_probs))
-    if not torch.isfinite(advantages).all():
-        raise ValueError("advantages must be finite")
+    advantages = _per_trajectory("advantages", advantages, log_probs)
     return _objective(log_probs, behavior_log_probs, advantages, mask, config, failures=failures,
                       entropies=entropies, batch_size=batch_size, batch_tokens=batch_tokens)
 
@@ -200,6 +190,18 @@ def _check_log_prob_inputs(log_probs: torch.Tensor, behavior_log_probs: torch.Te
         raise ValueError("log_probs and behavior_log_probs must be floating-point tensors")
     if len({log_probs.device, behavior_log_probs.device, mask.device}) != 1:
         raise ValueError("log_probs, behavior_log_probs and mask must be on one device")
+
+
+def _per_trajectory(name: str, values: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
+    """Check a [B] per-trajectory input and return it detached in the compute dtype."""
+    if values.shape != (log_probs.shape[0],):
+        raise ValueError(f"{name} must have shape [B]=({log_probs.shape[0]},), got {tuple(values.shape)}")
+    if values.device != log_probs.device:
+        raise ValueError(f"{name} are on {values.device} but log_probs on {log_probs.device}; move them together")
+    values = values.detach().to(_compute_dtype(log_probs))
+    if not torch.isfinite(values).all():
+        raise ValueError(f"{name} must be finite; check the reward function for NaN/inf")
+    return values
 
 
 def _first_bad_row(bad: torch.Tensor) -> int:
