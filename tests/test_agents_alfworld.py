@@ -122,3 +122,25 @@ def test_action_parsing_and_hints():
     hints = describe("-= Welcome to TextWorld, ALFRED! =-\n\nRoom.", ["help", *[f"go to shelf {i}" for i in range(40)]])
     assert hints.startswith("Room.\n\nAdmissible actions: go to shelf 0, ")
     assert hints.count("go to shelf") == 30 and "help" not in hints
+
+
+def test_closed_games_hand_their_planner_copy_to_the_next_game():
+    """TextWorld loads a 33 MB planner copy per game and unloading one crashes the process at exit,
+    so a closed game's copy is reused: sequential games share one copy, concurrent games never do."""
+    pytest.importorskip("alfworld", reason="pip install 'molt-flashreinforce[alfworld]'")
+    from molt_flashreinforce.agents.alfworld_game import AlfWorldGame
+
+    path = str(DATA / TRAIN_GAME)
+    first, second = AlfWorldGame(path), AlfWorldGame(path)
+    first_planner, second_planner = first._env.unwrapped.downward_lib, second._env.unwrapped.downward_lib
+    assert first_planner is not second_planner  # open at the same time: private copies
+    first.reset()
+    first.close()
+    third = AlfWorldGame(path)
+    assert third._env.unwrapped.downward_lib is first_planner
+    third.reset()
+    for command in SOLUTION:  # the recycled copy plays a whole game correctly
+        step = third.step(command)
+    assert step.won and step.done
+    second.close()
+    third.close()

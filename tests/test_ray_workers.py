@@ -9,7 +9,7 @@ exposing the one name Molt's trainer modules import (tests/fixtures/vllm_stub) s
 
 from __future__ import annotations
 
-import importlib.util
+from importlib import metadata
 import json
 import os
 import subprocess
@@ -55,10 +55,19 @@ DRIVER = textwrap.dedent(
 )
 
 
+def _vllm_installed() -> bool:
+    # Asked of the installed distributions: other tests may put a stand-in into sys.modules.
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def probe_workers(mode: str) -> list[dict]:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_RUNTIME_ENV_HOOK", None)
-    if importlib.util.find_spec("vllm") is None:
+    if not _vllm_installed():
         stub = str(Path(__file__).parent / "fixtures" / "vllm_stub")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [stub, env.get("PYTHONPATH")]))
     if mode == "env_hook":

@@ -3,15 +3,21 @@
 Contract: ``resolve_game_file(label)`` turns a dataset ``game_file`` (relative to
 ``ALFWORLD_DATA``, or absolute) into an existing path or raises with the fix;
 ``AlfWorldGame(path)`` loads it with ALFWorld's own wrappers (entity names like ``apple 1``);
-``reset()``/``step(command)`` return a ``GameStep``. Each game loads a private copy of the
-fast-downward planner library (so concurrent games do not share state); ``close()`` unloads
-it, or every episode would leak tens of megabytes.
+``reset()``/``step(command)`` return a ``GameStep``. Each live game holds a private copy of the
+fast-downward planner library (so concurrent games do not share state). TextWorld loads a fresh
+33 MB copy for every game, and unloading one (dlclose) crashes the process at exit, so
+``close()`` frees the planner's state and parks the copy for the next game instead: there are
+never more copies than games ever open at once.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
+
+_idle_planners: list = []  # library copies of closed games, each ready for a new game
+_idle_planners_lock = threading.Lock()
 
 
 class AlfWorldDataError(RuntimeError):
@@ -58,6 +64,7 @@ class AlfWorldGame:
             raise ImportError(
                 "The ALFWorld agent needs the alfworld package: pip install 'molt-flashreinforce[alfworld]'."
             ) from exc
+        _recycle_planner_copies()
         request = textworld.EnvInfos(won=True, admissible_commands=True)
         self._env = textworld.start(game_file, request_infos=request, wrappers=[AlfredDemangler(), AlfredInfos])
 
@@ -78,10 +85,29 @@ class AlfWorldGame:
         )
 
     def close(self):
-        from fast_downward import close_lib
-
         pddl_env = self._env.unwrapped
         self._env.close()
-        if getattr(pddl_env, "downward_lib", None) is not None:
-            close_lib(pddl_env.downward_lib)
+        planner = getattr(pddl_env, "downward_lib", None)
+        if planner is not None:
+            planner.cleanup()
             pddl_env.downward_lib = None
+            with _idle_planners_lock:
+                _idle_planners.append(planner)
+
+
+def _recycle_planner_copies() -> None:
+    """Make TextWorld's per-game `fast_downward.load_lib()` hand out a parked copy when there is one."""
+    import fast_downward
+
+    load_new_copy = fast_downward.load_lib
+    if getattr(load_new_copy, "recycles_planner_copies", False):
+        return
+
+    def load_or_reuse():
+        with _idle_planners_lock:
+            if _idle_planners:
+                return _idle_planners.pop()
+        return load_new_copy()
+
+    load_or_reuse.recycles_planner_copies = True
+    fast_downward.load_lib = load_or_reuse
