@@ -22,6 +22,14 @@ from molt_flashreinforce import metrics as tags
 from molt_flashreinforce.report.events import read_scalars
 
 EVAL = tags.eval_pass1("tiny")
+HEADER = """# Tiny comparison: held-out pass@1 against rollouts consumed
+
+Produced by `bash experiments/tiny/run.sh`: two Hydra multiruns of `molt-flashreinforce experiment=tiny`, then
+`experiments/tiny/summarize.py`. pass@1 is `eval/eval_tiny_pass1`: 512 held-out problems, one sample each at
+temperature 1. Values are mean ± sample std over seeds. Every arm uses 128 rollouts per update.
+"Gain" is end minus start. Acceptance is the trust region's admitted fraction, averaged over updates.
+
+"""
 
 
 def _arm(cfg) -> tuple:
@@ -90,14 +98,18 @@ def plot(arms: dict[tuple, list[dict]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     lags = sorted({arm[3] for arm in arms})
+    families = sorted({arm[:3] for arm in arms}, key=str)  # one colour per method across the lag panels
+    colours = {family: f"C{i}" for i, family in enumerate(families)}
     fig, axes = plt.subplots(1, len(lags), figsize=(6 * len(lags), 4.2), sharey=True, squeeze=False)
+    fig.suptitle("tiny: mean over seeds, band = min-max; every arm 128 rollouts per update", fontsize=9)
     for ax, lag in zip(axes[0], lags):
         for arm in sorted((a for a in arms if a[3] == lag), key=lambda a: (a[0], str(a[2]))):
             runs = arms[arm]
             xs = [x for x, _ in runs[0]["curve"]]
             ys = [[r["curve"][i][1] for r in runs] for i in range(len(xs))]
-            line, = ax.plot(xs, [statistics.fmean(y) for y in ys], label=f"{_label(arm)} ({len(runs)} seeds)")
-            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.15)
+            colour = colours[arm[:3]]
+            ax.plot(xs, [statistics.fmean(y) for y in ys], color=colour, label=f"{_label(arm)} ({len(runs)} seeds)")
+            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=colour, alpha=0.15)
         ax.set_title(f"policy lag {lag}")
         ax.set_xlabel("rollouts consumed")
         ax.grid(alpha=0.3)
@@ -116,7 +128,7 @@ def main() -> None:
     if not arms:
         raise SystemExit(f"no Hydra jobs (.hydra/config.yaml) below {', '.join(map(str, args.paths))}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.md").write_text(table(arms))
+    (args.out / "results.md").write_text(HEADER + table(arms))
     plot(arms, args.out / "results.png")
     print(table(arms))
 
