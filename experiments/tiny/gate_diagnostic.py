@@ -11,7 +11,6 @@ sequence KL, in blocks of 25 updates.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 from hydra import compose, initialize_config_module

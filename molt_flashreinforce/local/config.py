@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from omegaconf import OmegaConf
+
 
 class LocalConfigError(ValueError):
     """The `local:` node is missing or holds a bad value."""
@@ -116,11 +118,7 @@ class LocalConfig:
 
 
 def _plain(node: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # plain dicts still work without omegaconf
-        return node
-    if isinstance(node, (DictConfig, ListConfig)):
+    if OmegaConf.is_config(node):
         return OmegaConf.to_container(node, resolve=True)
     return node
 

@@ -97,7 +97,7 @@ def run(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
 
     history = record["eval_history"]
     summary = {
-        "experiment": "tiny",
+        "experiment": cfg.get("experiment_name") or "tiny",
         "algo": algo.name,
         "policy_lag": local.policy_lag,
         "seed": seed,

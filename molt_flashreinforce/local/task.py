@@ -83,6 +83,3 @@ class AdditionTask:
         padded = torch.full((len(answers), self.max_new_tokens), PAD, dtype=torch.long)
         padded[:, :steps] = response_ids[:, : self.max_new_tokens]
         return (padded == target).all(dim=1).float()
-
-    def decode(self, ids: torch.Tensor) -> str:
-        return "".join(VOCAB[i] for i in ids.tolist() if i != PAD)
