@@ -208,11 +208,18 @@ def _first_bad_row(bad: torch.Tensor) -> int:
     return int(bad.any(dim=-1).nonzero()[0, 0])
 
 
-def _check_policy_values(name: str, values: torch.Tensor, mask: torch.Tensor) -> None:
-    bad = mask & ~(values <= 0)  # `<= 0` is False for NaN, so this also catches NaN and +inf
-    bad |= mask & torch.isinf(values)
-    if bad.any():
+def _policy_values(name: str, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`values` with non-policy slots zeroed, after checking the policy slots are finite and <= 0.
+
+    Zeroing first lets one min/max pass do the check (NaN fails both comparisons); the slow
+    per-row search runs only to name the offending row.
+    """
+    safe = torch.where(mask, values, 0.0)
+    low, high = torch.aminmax(safe)
+    if not (high <= 0 and low > float("-inf")):
+        bad = mask & ~((values <= 0) & (values > float("-inf")))
         raise ValueError(f"{name} must be finite and <= 0 on policy tokens; row {_first_bad_row(bad)} is not")
+    return safe
 
 
 def _objective(log_probs, behavior_log_probs, advantages, mask, config, *, failures, entropies,
@@ -224,18 +231,14 @@ def _objective(log_probs, behavior_log_probs, advantages, mask, config, *, failu
                          f"{int((policy_tokens == 0).nonzero()[0, 0])} has none (drop it before the loss)")
 
     current = log_probs.to(dtype)
-    current_detached = current.detach()
-    _check_policy_values("log_probs", current_detached, mask)
+    # Non-policy slots are zeroed once so that NaN/inf padding never reaches exp() or log().
+    current_safe = _policy_values("log_probs", current.detach(), mask)
     if config.importance_sampling:
-        behavior = behavior_log_probs.detach().to(dtype)
-        _check_policy_values("behavior_log_probs", behavior, mask)
+        behavior = _policy_values("behavior_log_probs", behavior_log_probs.detach().to(dtype), mask)
     else:
         # The no-IS ablation: the denominator is the current policy itself, which makes every
         # ratio 1 and every divergence 0, so the gate admits everything (as in the paper).
-        behavior = current_detached
-    # Zero the non-policy slots once so NaN/inf padding can never reach exp() or log().
-    behavior = torch.where(mask, behavior, 0.0)
-    current_safe = torch.where(mask, current_detached, 0.0)
+        behavior = current_safe
 
     token_kl = _bernoulli_kl(behavior, current_safe)
     counts = policy_tokens.to(dtype)
@@ -308,17 +311,19 @@ def _entropy_filter_keep(mask, failures, entropies, q, policy_tokens) -> torch.T
                          f"got {entropies.dtype} {tuple(entropies.shape)}")
     if failures.device != mask.device or entropies.device != mask.device:
         raise ValueError("failures and entropies must be on the same device as log_probs")
-    entropies = entropies.detach()
-    bad = mask & ~torch.isfinite(entropies)
-    if bad.any():
-        raise ValueError(f"entropies must be finite on policy tokens; row {_first_bad_row(bad)} is not")
-
-    keep_count = torch.ceil(policy_tokens.to(torch.float64) * q - _CEIL_TOLERANCE).clamp_min(0).to(torch.long)
-    keep = mask.clone()
     failed_rows = failures.nonzero().squeeze(-1)
-    if failed_rows.numel():
-        keep[failed_rows] = _keep_highest(entropies[failed_rows], mask[failed_rows], keep_count[failed_rows],
-                                          policy_tokens[failed_rows])
+    if failed_rows.numel() == 0:
+        return mask
+    rows_mask, scores = mask[failed_rows], entropies[failed_rows].detach()
+    # Only failed rows' entropies are read; a NaN fails both comparisons of the min/max check.
+    low, high = torch.aminmax(torch.where(rows_mask, scores, 0.0))
+    if not (low > float("-inf") and high < float("inf")):
+        bad_row = failed_rows[_first_bad_row(rows_mask & ~torch.isfinite(scores))]
+        raise ValueError(f"entropies must be finite on the policy tokens of failed rows; row {int(bad_row)} is not")
+
+    keep_count = torch.ceil(policy_tokens[failed_rows].to(torch.float64) * q - _CEIL_TOLERANCE).clamp_min(0).long()
+    keep = mask.clone()
+    keep[failed_rows] = _keep_highest(scores, rows_mask, keep_count, policy_tokens[failed_rows])
     return keep
 
 
@@ -328,7 +333,8 @@ def _keep_highest(scores: torch.Tensor, mask: torch.Tensor, keep_count: torch.Te
 
     A partial selection (topk) of whichever side is smaller, the kept or the dropped tokens, finds
     each row's threshold score; a full sort of every row would cost several times more. Tokens
-    strictly past the threshold are decided by it; tokens equal to it are taken in position order.
+    past the threshold are decided by it; only when several tokens tie at a row's threshold are
+    they taken in position order.
     """
     drop_count = policy_tokens - keep_count
     if int(keep_count.max()) <= int(drop_count.max()):
@@ -339,17 +345,21 @@ def _keep_highest(scores: torch.Tensor, mask: torch.Tensor, keep_count: torch.Te
     if width == 0:  # nothing to select on this side: keep everything, or nothing
         return mask if not largest else torch.zeros_like(mask)
     candidates = torch.where(mask, scores, fill)
-    selected = torch.topk(candidates, width, dim=-1, largest=largest, sorted=True).values
+    # Unsorted selection, then a sort of only the selected [R, width] values: cheaper than topk's own sort.
+    selected = torch.topk(candidates, width, dim=-1, largest=largest, sorted=False).values
+    selected = torch.sort(selected, dim=-1, descending=largest).values
     threshold = selected.gather(-1, (count - 1).clamp_min(0).unsqueeze(-1))
-    beyond = (candidates > threshold) if largest else (candidates < threshold)
-    beyond &= mask
-    tied = mask & (candidates == threshold)
+    active_rows = (count > 0).unsqueeze(-1)
+    # Non-policy slots hold -inf/+inf, never on the selected side of a finite threshold.
+    at_or_beyond = ((candidates >= threshold) if largest else (candidates <= threshold)) & active_rows
+    if torch.equal(at_or_beyond.sum(dim=-1), count):  # no surplus tie at any threshold
+        return at_or_beyond if largest else mask & ~at_or_beyond
+    beyond = ((candidates > threshold) if largest else (candidates < threshold)) & mask
+    tied = at_or_beyond & ~beyond
     # How many tied tokens join the selected side, counted from the earliest (largest) or the
     # latest (smallest) position, so that ties always favour keeping the earlier token.
     tied_selected = (count - beyond.sum(dim=-1)).unsqueeze(-1)
     if largest:
-        selected_mask = beyond | (tied & (tied.cumsum(dim=-1) <= tied_selected))
-        return selected_mask & (count > 0).unsqueeze(-1)
-    tied_from_end = tied.flip(-1).cumsum(dim=-1).flip(-1)
-    dropped = (beyond | (tied & (tied_from_end <= tied_selected))) & (count > 0).unsqueeze(-1)
-    return mask & ~dropped
+        return beyond | (tied & (tied.cumsum(dim=-1) <= tied_selected))
+    tied_from_end = tied.sum(dim=-1, keepdim=True) - tied.cumsum(dim=-1) + tied.long()
+    return mask & ~(beyond | (tied & (tied_from_end <= tied_selected)))
