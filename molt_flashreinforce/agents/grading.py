@@ -14,6 +14,7 @@ thread pool, so waiting graders never crowd out the event loop's default executo
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import functools
 import json
@@ -156,9 +157,19 @@ class _GraderPool:
                 self.idle.put(grader)
             return verdict
 
+    def close_idle(self) -> None:
+        while True:
+            try:
+                self.idle.get_nowait().close()
+            except queue.Empty:
+                return
+
 
 _GRADER_PROCESSES = int(os.environ.get("MATH_GRADER_PROCESSES", "2"))
 _POOL = _GraderPool(_GRADER_PROCESSES)
+# The graders would also exit on their own once this process's end of their stdin closes;
+# stopping them explicitly keeps the exit orderly.
+atexit.register(_POOL.close_idle)
 _THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=4 * _GRADER_PROCESSES, thread_name_prefix="math-grade")
 
 
