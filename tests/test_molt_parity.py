@@ -135,8 +135,10 @@ def test_molt_policy_loss_runs_our_registered_surrogate_end_to_end():
 
 
 def test_registration_is_idempotent():
+    import molt_flashreinforce
+
     register()
-    register()
+    molt_flashreinforce.register()
     assert ADVANTAGE_ESTIMATORS["flashreinforce"].__module__ == "molt_flashreinforce.plugin.estimator"
 
 
