@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from molt_flashreinforce.plugin.ray_hooks import SETUP_HOOK, runtime_env_hook, setup_worker
 
-worker_setup_hook_name = SETUP_HOOK
-
 
 def register() -> None:
     from molt_flashreinforce.plugin.registry import register as _register
@@ -37,4 +35,4 @@ def policy_loss_from_args(args):
 
 
 __all__ = ["SETUP_HOOK", "build_policy_loss", "policy_loss_from_args", "register", "runtime_env_hook",
-           "setup_worker", "worker_setup_hook_name"]
+           "setup_worker"]
