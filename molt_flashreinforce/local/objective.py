@@ -119,29 +119,8 @@ class MoltObjective:
         if self.name != "flashreinforce":
             loss, reported, *_ = self._loss_fn(log_probs, **keywords)
             return loss, LossStats(float(reported), None, None, None, None)
-        # The plugin writes its per-trajectory diagnostics into the bound experience's info
-        # (how Molt's actor logs them); a stand-in experience collects them here.
-        sink = _InfoSink()
-        self._loss_fn.bound_experience = sink
-        try:
-            loss, reported, _, _, _, filtered = self._loss_fn(
-                log_probs, **keywords, failures=rewards <= 0, entropies=entropies
-            )
-        finally:
-            self._loss_fn.bound_experience = None
-        accepted = sink.info["flashreinforce/acceptance_rate"].bool()
-        return loss, LossStats(
-            policy_loss=float(reported),
-            accepted=accepted,
-            acceptance_rate=1.0 - float(filtered.float().mean()),
-            sequence_kl=sink.info["flashreinforce/sequence_kl_mean"],
-            retained_token_fraction=float(sink.info["flashreinforce/retained_token_fraction"].mean()),
-        )
-
-
-class _InfoSink:
-    def __init__(self) -> None:
-        self.info: dict[str, torch.Tensor] = {}
+        loss, reported, *_ = self._loss_fn(log_probs, **keywords, failures=rewards <= 0, entropies=entropies)
+        return loss, _flashreinforce_stats(float(reported), self._loss_fn.last_stats)
 
 
 class TorchFlashReinforce:
@@ -160,12 +139,15 @@ class TorchFlashReinforce:
     def loss(self, log_probs, rollouts: Rollouts, advantages, rewards, entropies=None):
         out = flashreinforce_loss(log_probs, rollouts.log_probs, rewards.float(), rollouts.mask, self._config,
                                   failures=rewards <= 0, entropies=entropies)
-        stats = out.stats
         reported = -(out.token_weights * rollouts.mask).sum() / rollouts.mask.sum()
-        return out.loss, LossStats(
-            policy_loss=float(reported),
-            accepted=stats.admitted,
-            acceptance_rate=float(stats.acceptance_rate),
-            sequence_kl=stats.sequence_kl,
-            retained_token_fraction=float((stats.retained_tokens / stats.policy_tokens).mean()),
-        )
+        return out.loss, _flashreinforce_stats(float(reported), out.stats)
+
+
+def _flashreinforce_stats(policy_loss: float, stats) -> LossStats:
+    return LossStats(
+        policy_loss=policy_loss,
+        accepted=stats.admitted,
+        acceptance_rate=float(stats.acceptance_rate),
+        sequence_kl=stats.sequence_kl,
+        retained_token_fraction=float((stats.retained_tokens / stats.policy_tokens).mean()),
+    )

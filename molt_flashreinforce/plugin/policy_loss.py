@@ -60,6 +60,7 @@ class FlashReinforcePolicyLoss(PolicyLoss):
         self.config = config
         self.bound_experience = None  # set by the patched PolicyTrainer.training_step
         self.bound_entropies = None
+        self.last_stats = None  # the latest call's FlashReinforceStats, for callers outside Molt
 
     def forward(
         self,
@@ -99,7 +100,7 @@ class FlashReinforcePolicyLoss(PolicyLoss):
             batch_size=global_batch_size,
             batch_tokens=batch_num_tokens,
         )
-        stats = out.stats
+        stats = self.last_stats = out.stats
         loss = out.loss * dp_size
         reported_loss = masked_mean(-out.token_weights, mask, dim=None)
         clip_ratio = torch.zeros((), device=loss.device)  # nothing is clipped
