@@ -30,6 +30,7 @@ RETAINED_TOKEN_FRACTION = "train/flashreinforce/retained_token_fraction"
 POLICY_LAG_MEAN = "train/policy_lag_mean"
 POLICY_LAG_MAX = "train/policy_lag_max"
 ROLLOUTS_CONSUMED = "train/rollouts_consumed"  # cumulative trajectories trained on
+POLICY_VERSIONS_MIXED = "train/policy_versions_mixed_fraction"  # trajectories spanning a refit
 TOOL_CALLS = "train/tool_calls"  # numeric agent `Result.info` key `tool_calls`
 TURNS = "train/turns"
 

@@ -144,3 +144,24 @@ def test_closed_games_hand_their_planner_copy_to_the_next_game():
     assert step.won and step.done
     second.close()
     third.close()
+
+
+def test_games_started_concurrently_from_threads_all_load_and_play():
+    """Molt's runner plays many games at once on its event loop's threads; TextWorld's module-level
+    PDDL parser is not thread-safe (found by the CPU rehearsal: every concurrent load but one
+    failed inside tatsu), so loading and stepping are serialised."""
+    pytest.importorskip("alfworld", reason="pip install 'molt-flashreinforce[alfworld]'")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from molt_flashreinforce.agents.alfworld_game import AlfWorldGame
+
+    def play(_):
+        game = AlfWorldGame(str(DATA / TRAIN_GAME))
+        try:
+            game.reset()
+            return [game.step(command) for command in SOLUTION][-1].won
+        finally:
+            game.close()
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        assert list(pool.map(play, range(6))) == [True] * 6

@@ -3,7 +3,7 @@
 The generator runs for real on a local CPU Ray whose workers run our setup hook: Molt's
 `generate_samples` dispatches each prompt to agent runner actors, joins them with Molt's
 `_gather_group` and filters them with its own `_filter_group`. What cannot exist here is stood in
-for: vLLM (only its `SamplingParams` type is imported; tests/fixtures/vllm_stub), the agent runners
+for: vLLM (only its `SamplingParams` type is imported; molt_flashreinforce/rehearsal/vllm_standin), the agent runners
 (tiny Ray actors returning one Experience per rollout instead of generating through vLLM) and the
 GPU half of `train_step` (an actor update + weight refit; a subclass's `train_step` returns a
 status instead).
@@ -23,7 +23,7 @@ import pytest
 import ray
 import torch
 
-VLLM_STUB = Path(__file__).parent / "fixtures" / "vllm_stub"  # SamplingParams only; no generation
+VLLM_STUB = Path(__file__).parents[1] / "molt_flashreinforce" / "rehearsal" / "vllm_standin"  # SamplingParams only
 if importlib.util.find_spec("vllm") is None:
     sys.path.insert(0, str(VLLM_STUB))
 
@@ -188,3 +188,31 @@ def test_version_clock_boundaries():
     clock.went_live(6, at=10.0)
     clock.went_live(7, at=20.0)
     assert [clock.version_at(t) for t in (0.0, 9.999, 10.0, 19.0, 25.0)] == [5, 5, 6, 6, 7]
+
+
+def test_install_reaches_the_class_ray_remote_captured():
+    """`@ray.remote` wrapped TrainingActor's methods when Molt's module was imported, so a patch of
+    BaseRLTrainer alone never reaches the actor; install() patches the captured class itself."""
+    from molt.trainer import rl_trainer
+
+    policy_lag.install()
+    captured = rl_trainer.TrainingActor.__ray_metadata__.modified_class
+    assert captured in policy_lag.ray_captured_trainer_classes(rl_trainer)
+    assert captured.__dict__["train_step"].__name__ == "train_step"  # functools.wraps keeps the name
+    assert captured.__dict__.get("_molt_flashreinforce_policy_lag") is True
+    assert captured.__dict__["train_step"].__wrapped__ is not BaseRLTrainer.__dict__["train_step"]
+
+
+def test_mixed_version_fraction_counts_trajectories_finishing_after_a_refit():
+    clock = policy_lag.PolicyVersionClock(first_version=0)
+    clock.went_live(1, at=10.0)
+    clock.went_live(2, at=20.0)
+
+    def sample(dispatched, finished):
+        return SimpleNamespace(**{policy_lag.DISPATCH_TIME_ATTRIBUTE: dispatched, policy_lag.FINISH_TIME_ATTRIBUTE: finished})
+
+    samples = [sample(5.0, 8.0), sample(5.0, 12.0), sample(12.0, 25.0), sample(15.0, 19.0)]
+    stats = policy_lag.lag_statistics(samples, clock, global_step=2)
+    assert stats[policy_lag.MIXED_VERSIONS_KEY] == 0.5  # the second and third span a refit
+    assert stats[policy_lag.LAG_MEAN_KEY] == pytest.approx((2 + 2 + 1 + 1) / 4)
+    assert f"train/{policy_lag.MIXED_VERSIONS_KEY}" == metrics.POLICY_VERSIONS_MIXED

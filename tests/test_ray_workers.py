@@ -4,7 +4,7 @@ Each case starts a local CPU Ray cluster in a fresh driver process and asks two 
 processes of their own, like Molt's TrainingActor and PolicyModelActor) what Molt's registries
 hold. The actor class is defined in the driver script, so cloudpickle ships it by value: nothing
 in the worker imports our package unless the hook does. Without a GPU there is no vLLM; a stub
-exposing the one name Molt's trainer modules import (tests/fixtures/vllm_stub) stands in for it.
+exposing the one name Molt's trainer modules import (molt_flashreinforce/rehearsal/vllm_standin) stands in for it.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def probe_workers(mode: str) -> list[dict]:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_RUNTIME_ENV_HOOK", None)
     if not _vllm_installed():
-        stub = str(Path(__file__).parent / "fixtures" / "vllm_stub")
+        stub = str(Path(__file__).parents[1] / "molt_flashreinforce" / "rehearsal" / "vllm_standin")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [stub, env.get("PYTHONPATH")]))
     if mode == "env_hook":
         env["RAY_RUNTIME_ENV_HOOK"] = "molt_flashreinforce.plugin.ray_hooks.runtime_env_hook"

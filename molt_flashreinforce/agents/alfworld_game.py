@@ -7,7 +7,9 @@ Contract: ``resolve_game_file(label)`` turns a dataset ``game_file`` (relative t
 fast-downward planner library (so concurrent games do not share state). TextWorld loads a fresh
 33 MB copy for every game, and unloading one (dlclose) crashes the process at exit, so
 ``close()`` frees the planner's state and parks the copy for the next game instead: there are
-never more copies than games ever open at once.
+never more copies than games ever open at once. TextWorld parses every game with one
+module-level PDDL parser that is not thread-safe, so games are loaded and stepped one at a time
+(`_textworld_lock`); the event loop runs them on threads, many at once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 _idle_planners: list = []  # library copies of closed games, each ready for a new game
 _idle_planners_lock = threading.Lock()
+_textworld_lock = threading.Lock()
 
 
 class AlfWorldDataError(RuntimeError):
@@ -66,13 +69,16 @@ class AlfWorldGame:
             ) from exc
         _recycle_planner_copies()
         request = textworld.EnvInfos(won=True, admissible_commands=True)
-        self._env = textworld.start(game_file, request_infos=request, wrappers=[AlfredDemangler(), AlfredInfos])
+        with _textworld_lock:
+            self._env = textworld.start(game_file, request_infos=request, wrappers=[AlfredDemangler(), AlfredInfos])
 
     def reset(self) -> GameStep:
-        return self._game_step(self._env.reset(), done=False)
+        with _textworld_lock:
+            return self._game_step(self._env.reset(), done=False)
 
     def step(self, command: str) -> GameStep:
-        state, _, done = self._env.step(command)
+        with _textworld_lock:
+            state, _, done = self._env.step(command)
         return self._game_step(state, done=done)
 
     @staticmethod
@@ -86,7 +92,8 @@ class AlfWorldGame:
 
     def close(self):
         pddl_env = self._env.unwrapped
-        self._env.close()
+        with _textworld_lock:
+            self._env.close()
         planner = getattr(pddl_env, "downward_lib", None)
         if planner is not None:
             planner.cleanup()

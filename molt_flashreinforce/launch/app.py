@@ -44,6 +44,19 @@ OmegaConf.register_new_resolver("plain_override_dirname", plain_override_dirname
 
 def run(cfg: DictConfig, run_dir: Path) -> None:
     """Launch one composed job whose outputs go to `run_dir`."""
+    if cfg.rehearsal.mode == "cpu":
+        if cfg.backend != "molt":
+            from molt_flashreinforce.launch.errors import LaunchError
+
+            raise LaunchError(
+                f"rehearsal=cpu rehearses a Molt (GPU) job, but backend={cfg.backend}; experiment=tiny already runs on the CPU."
+            )
+        from molt_flashreinforce.rehearsal.run import run_rehearsal
+
+        summary = run_rehearsal(cfg, run_dir)
+        if summary is not None:
+            print("\n".join(summary.lines()))
+        return
     if cfg.backend == "local":
         from molt_flashreinforce import local
         from molt_flashreinforce.launch.records import write_records

@@ -82,9 +82,10 @@ def prepare_molt_job(cfg: DictConfig, run_dir: Path) -> MoltJob:
     return MoltJob(run_dir=run_dir, command=command, warnings=problems, molt_messages=messages.getvalue())
 
 
-def run_molt_job(job: MoltJob, extra_env: dict[str, str] | None = None) -> None:
+def run_molt_job(job: MoltJob, extra_env: dict[str, str] | None = None, module: str = MOLT_ENTRY_MODULE) -> None:
+    """Run `module` (Molt's entry point; the CPU rehearsal passes its driver) on the job's flags."""
     env = {**os.environ, **job.command.env, **(extra_env or {})}
-    argv = [sys.executable, "-u", "-m", MOLT_ENTRY_MODULE, *job.command.argv()]
+    argv = [sys.executable, "-u", "-m", module, *job.command.argv()]
     log_path = job.run_dir / LOG_NAME
     with log_path.open("a", encoding="utf-8") as log:
         process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

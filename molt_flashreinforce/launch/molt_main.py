@@ -29,19 +29,25 @@ def worker_env_vars(environ: dict[str, str]) -> dict[str, str]:
     return env_vars
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, *, setup_hook: str | None = None, ray_options: dict | None = None) -> None:
+    """Parse and validate Molt's flags, start Ray with `setup_hook` in every worker, run `train`.
+
+    The CPU rehearsal passes its own hook (stand-ins, then the plugin's) and Ray options."""
     from molt_flashreinforce.launch.molt_cli import parse_and_validate
-    from molt_flashreinforce.plugin import SETUP_HOOK, policy_loss_from_args
+    from molt_flashreinforce.plugin import SETUP_HOOK, policy_lag, policy_loss_from_args
     from molt_flashreinforce.plugin.compat import check_molt_version
 
     check_molt_version()
     args = parse_and_validate(sys.argv[1:] if argv is None else argv)
     policy_loss_from_args(args)
+    policy_lag.install()  # before train() ships Molt's actor classes to their workers
 
     import ray
     from molt.cli.train_rl_ray import train
 
-    ray.init(runtime_env={"env_vars": worker_env_vars(dict(os.environ)), "worker_process_setup_hook": SETUP_HOOK})
+    options = dict(ray_options or {})
+    env_vars = {**worker_env_vars(dict(os.environ)), **options.pop("env_vars", {})}
+    ray.init(runtime_env={"env_vars": env_vars, "worker_process_setup_hook": setup_hook or SETUP_HOOK}, **options)
     try:
         train(args)
     finally:

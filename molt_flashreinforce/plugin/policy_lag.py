@@ -8,13 +8,22 @@ worker by our setup hook) patches two plain Molt classes, each used in its own R
   stamped with its dispatch time, and each Experience of a finished group carries that stamp as
   the attribute `policy_dispatch_time` (an attribute, not an `info` entry, so Molt does not log
   it as a metric of its own).
-* `BaseRLTrainer.train_step` (run by `TrainingActor`): the trainer keeps the time at which each
+* `BaseRLTrainer.train_step` (run by `TrainingActor`), and also on every class that `@ray.remote`
+  already captured (`TrainingActor`'s `__ray_metadata__.modified_class`): Ray wraps each method,
+  inherited ones included, when the decorator runs, so patching `BaseRLTrainer` after Molt's
+  module is imported never reaches the actor. The trainer keeps the time at which each
   policy version went live in vLLM (version v = weights after v updates; `train_step` at
   `global_step` g updates and refits, so version g + 1 is live when it returns). A sample's version
   is the newest one live at its dispatch, its lag is g minus that version, and the step's status
   gains `policy_lag_mean` and `policy_lag_max`, which Molt logs as `train/policy_lag_mean` /
   `train/policy_lag_max` (metrics.POLICY_LAG_MEAN / POLICY_LAG_MAX). It also adds
-  `rollouts_consumed` (trajectories trained on so far), the x-axis of the paper's budget comparisons.
+  `rollouts_consumed` (trajectories trained on so far), the x-axis of the paper's budget comparisons,
+  and `policy_versions_mixed_fraction`: the fraction of trajectories that finished under a newer
+  version than the one live at their dispatch, i.e. whose tokens span several policy versions
+  (a partial rollout across a refit; slime's staleness view next to the lag).
+
+`install()` must run in the driver before Molt creates its actors (our launcher and the
+`RAY_RUNTIME_ENV_HOOK` hook do), since the actor class is shipped to its worker from there.
 
 Lag 0 is on-policy; Molt's queue of 1 without force_sync_mode gives lag 1 (the next batch is
 generated while the current one trains). The version is the one at dispatch: under partial rollout
@@ -32,9 +41,11 @@ import time
 from molt_flashreinforce import metrics
 
 DISPATCH_TIME_ATTRIBUTE = "policy_dispatch_time"
+FINISH_TIME_ATTRIBUTE = "policy_finish_time"
 LAG_MEAN_KEY = metrics.POLICY_LAG_MEAN.removeprefix("train/")
 LAG_MAX_KEY = metrics.POLICY_LAG_MAX.removeprefix("train/")
 ROLLOUTS_CONSUMED_KEY = metrics.ROLLOUTS_CONSUMED.removeprefix("train/")
+MIXED_VERSIONS_KEY = metrics.POLICY_VERSIONS_MIXED.removeprefix("train/")
 _INSTALLED_MARK = "_molt_flashreinforce_policy_lag"
 
 
@@ -54,15 +65,22 @@ class PolicyVersionClock:
 
 
 def lag_statistics(samples, clock: PolicyVersionClock, global_step: int) -> dict[str, float]:
-    """{policy_lag_mean, policy_lag_max} over the stamped samples; {} when none is stamped."""
-    lags = [
-        global_step - clock.version_at(stamp)
-        for stamp in (getattr(sample, DISPATCH_TIME_ATTRIBUTE, None) for sample in samples)
-        if stamp is not None
-    ]
-    if not lags:
+    """{policy_lag_mean, policy_lag_max, policy_versions_mixed_fraction} over the stamped
+    samples; {} when none is stamped."""
+    stamped = [sample for sample in samples if getattr(sample, DISPATCH_TIME_ATTRIBUTE, None) is not None]
+    if not stamped:
         return {}
-    return {LAG_MEAN_KEY: sum(lags) / len(lags), LAG_MAX_KEY: float(max(lags))}
+    versions = [clock.version_at(getattr(sample, DISPATCH_TIME_ATTRIBUTE)) for sample in stamped]
+    lags = [global_step - version for version in versions]
+    mixed = [
+        clock.version_at(getattr(sample, FINISH_TIME_ATTRIBUTE, getattr(sample, DISPATCH_TIME_ATTRIBUTE))) > version
+        for sample, version in zip(stamped, versions)
+    ]
+    return {
+        LAG_MEAN_KEY: sum(lags) / len(lags),
+        LAG_MAX_KEY: float(max(lags)),
+        MIXED_VERSIONS_KEY: sum(mixed) / len(mixed),
+    }
 
 
 def _patch_generator(generator_class) -> None:
@@ -83,8 +101,10 @@ def _patch_generator(generator_class) -> None:
         samples = filter_group(self, finished_rollout, *args, **kwargs)
         stamp = self.__dict__.get("_policy_dispatch_times", {}).pop(finished_rollout, None)
         if stamp is not None:
+            finished = time.time()
             for sample in samples:
                 setattr(sample, DISPATCH_TIME_ATTRIBUTE, stamp)
+                setattr(sample, FINISH_TIME_ATTRIBUTE, finished)
         return samples
 
     generator_class._dispatch_to_agent_runners = dispatch_and_stamp
@@ -112,12 +132,25 @@ def _patch_trainer(trainer_class) -> None:
     trainer_class.train_step = train_step_with_lag
 
 
+def ray_captured_trainer_classes(module) -> list[type]:
+    """The classes `@ray.remote` built from `BaseRLTrainer` subclasses in `module`."""
+    from molt.trainer.rl_trainer import BaseRLTrainer
+
+    captured = (getattr(getattr(value, "__ray_metadata__", None), "modified_class", None) for value in vars(module).values())
+    return [cls for cls in captured if isinstance(cls, type) and issubclass(cls, BaseRLTrainer)]
+
+
 def install() -> None:
     """Patch Molt's generator and trainer classes in this process (idempotent)."""
-    from molt.trainer.rl_trainer import BaseRLTrainer
+    from molt.trainer import rl_trainer
     from molt.trainer.rollout.samples_generator import SamplesGenerator
 
-    for cls, patch in ((SamplesGenerator, _patch_generator), (BaseRLTrainer, _patch_trainer)):
+    targets = [
+        (SamplesGenerator, _patch_generator),
+        (rl_trainer.BaseRLTrainer, _patch_trainer),
+        *((cls, _patch_trainer) for cls in ray_captured_trainer_classes(rl_trainer)),
+    ]
+    for cls, patch in targets:
         if not cls.__dict__.get(_INSTALLED_MARK):
             patch(cls)
             setattr(cls, _INSTALLED_MARK, True)

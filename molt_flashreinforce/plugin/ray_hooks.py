@@ -7,7 +7,8 @@ actors in processes of their own, so registering in the driver changes nothing t
   deserialises an actor or a task. Our launcher passes it to `ray.init`.
 * `runtime_env_hook`: for `RAY_RUNTIME_ENV_HOOK=molt_flashreinforce.plugin.ray_hooks.runtime_env_hook`
   with the stock `python -m molt.cli.train_rl_ray`: Ray calls it inside Molt's own `ray.init` and it
-  adds the setup hook to the job's runtime environment. (Ray skips this hook under `uv run`.)
+  adds the setup hook to the job's runtime environment, and installs the policy-lag probe in
+  the driver, where Molt's actor classes are shipped from. (Ray skips this hook under `uv run`.)
 """
 
 from __future__ import annotations
@@ -32,4 +33,7 @@ def runtime_env_hook(runtime_env: dict | None) -> dict:
             f"{SETUP_HOOK} from your hook instead of using RAY_RUNTIME_ENV_HOOK."
         )
     runtime_env["worker_process_setup_hook"] = SETUP_HOOK
+    from molt_flashreinforce.plugin import policy_lag
+
+    policy_lag.install()
     return runtime_env

@@ -30,9 +30,24 @@ def register() -> None:
     from molt_flashreinforce.plugin.policy_loss import LOSS_NAME, flashreinforce_surrogate
 
     register_advantage_estimator(ESTIMATOR_NAME)(flashreinforce_estimator)
+    _count_each_trajectory_once()
     register_policy_loss(LOSS_NAME)(flashreinforce_surrogate)
     _patch_policy_trainer()
     _registered = True
+
+
+def _count_each_trajectory_once() -> None:
+    """Make Molt merge a rollout's step-samples into one reward before our estimator runs.
+
+    Molt gives only its group estimators (`GROUP_ADVANTAGE_ESTIMATORS`) one reward per rollout;
+    any other estimator sees one reward per sample, so an agent that splits a trajectory into
+    several samples would weigh it several times in the batch-mean baseline. Both modules hold
+    the set (experience_maker imports it by name)."""
+    from molt.trainer.algorithm import advantage
+    from molt.trainer.rollout import experience_maker
+
+    merged = advantage.GROUP_ADVANTAGE_ESTIMATORS | {ESTIMATOR_NAME}
+    advantage.GROUP_ADVANTAGE_ESTIMATORS = experience_maker.GROUP_ADVANTAGE_ESTIMATORS = merged
 
 
 def _patch_policy_trainer() -> None:

@@ -1,0 +1,129 @@
+"""The rehearsal's stand-ins for what a CPU cannot run, installed only in rehearsal processes.
+
+`install_worker()` is the rehearsal's Ray `worker_process_setup_hook` (`SETUP_HOOK`): it applies
+the stand-ins below in every Ray worker, then runs the plugin's own `setup_worker` (registration
+and the policy-lag probe), so the plugin is active exactly as on a GPU. `install_driver()`
+applies them in the driver and replaces vLLM's engine actor. `STANDINS` is what the rehearsal
+summary lists. Everything else of Molt's runtime runs unmodified.
+"""
+
+from __future__ import annotations
+
+import functools
+
+SETUP_HOOK = "molt_flashreinforce.rehearsal.standins.install_worker"
+LOOPBACK = "127.0.0.1"
+
+STANDINS = {
+    "vLLM engine": "RolloutRayActor -> rehearsal.engine.CpuRolloutEngine (HF transformers, KV-cached sampling, same HTTP route)",
+    "vLLM package": "the `vllm` module Molt imports -> rehearsal/vllm_standin (SamplingParams, version), when vLLM is absent",
+    "weight-sync communicator": "vLLM StatelessProcessGroup + PyNccl -> rehearsal.weight_sync.GlooBroadcastGroup",
+    "NCCL": "torch.distributed nccl backend -> gloo (FSDP2, DTensor and device meshes on CPU)",
+    "torch.cuda": "set_device/synchronize/empty_cache/memory stats -> no-ops; current_device -> cpu; cuda tensors -> cpu",
+    "node address": "Ray's node IP -> 127.0.0.1, so every server Molt starts listens on the loopback",
+}
+
+
+class _CpuDevices:
+    """Stands for the `torch` module inside Molt's policy actor: `torch.device("cuda", i)` is the CPU."""
+
+    def __getattr__(self, name):
+        import torch
+
+        return getattr(torch, name)
+
+    @staticmethod
+    def device(kind, index=None):
+        import torch
+
+        kind = str(kind)
+        return torch.device("cpu") if kind.startswith("cuda") else torch.device(kind) if index is None else torch.device(kind, index)
+
+    def __reduce__(self):  # Ray ships actor methods by value, module globals included
+        return (_CpuDevices, ())
+
+
+def _patch_torch_cuda() -> None:
+    import torch
+
+    for name in ("set_device", "synchronize", "empty_cache", "reset_peak_memory_stats", "manual_seed", "manual_seed_all"):
+        setattr(torch.cuda, name, lambda *args, **kwargs: None)
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        setattr(torch.cuda, name, lambda *args, **kwargs: 0)
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_stream = lambda *args, **kwargs: None
+
+
+def _patch_nccl() -> None:
+    import torch.distributed as dist
+    import torch.distributed.device_mesh as device_mesh
+
+    if getattr(dist.init_process_group, "_rehearsal", False):
+        return
+    init_process_group, init_device_mesh = dist.init_process_group, device_mesh.init_device_mesh
+
+    @functools.wraps(init_process_group)
+    def gloo_process_group(*args, backend=None, **kwargs):
+        return init_process_group(*args, backend="gloo", **kwargs)
+
+    @functools.wraps(init_device_mesh)
+    def cpu_device_mesh(device_type, *args, **kwargs):
+        return init_device_mesh("cpu" if device_type.startswith("cuda") else device_type, *args, **kwargs)
+
+    gloo_process_group._rehearsal = True
+    dist.init_process_group = gloo_process_group
+    device_mesh.init_device_mesh = cpu_device_mesh
+    import nemo_automodel.components.distributed.mesh_utils as mesh_utils
+
+    mesh_utils.init_device_mesh = cpu_device_mesh
+
+
+def _patch_node_address() -> None:
+    import ray._private.services as services
+    import ray.util
+
+    ray.util.get_node_ip_address = lambda *args, **kwargs: LOOPBACK
+    services.get_node_ip_address = lambda *args, **kwargs: LOOPBACK
+
+
+# Modules whose code names CUDA devices explicitly (`torch.device("cuda", i)`): their `torch` global
+# becomes `_CpuDevices`, so those devices are the CPU.
+CUDA_NAMING_MODULES = (
+    "molt.trainer.workers.policy_actor",
+    "nemo_automodel._transformers.auto_model",
+)
+
+
+def _patch_device_names() -> None:
+    import importlib
+
+    from molt_flashreinforce.rehearsal import weight_sync
+
+    for name in CUDA_NAMING_MODULES:
+        importlib.import_module(name).torch = _CpuDevices()
+    import molt.trainer.workers.policy_actor as policy_actor
+
+    policy_actor.stateless_init_process_group = weight_sync.stateless_init_process_group
+
+
+def _install_common() -> None:
+    _patch_torch_cuda()
+    _patch_nccl()
+    _patch_node_address()
+    _patch_device_names()
+
+
+def install_worker() -> None:
+    from molt_flashreinforce.plugin.ray_hooks import setup_worker
+
+    _install_common()
+    setup_worker()
+
+
+def install_driver() -> None:
+    import molt.trainer.vllm.vllm_engine as vllm_engine
+
+    from molt_flashreinforce.rehearsal.engine import ray_actor_class
+
+    _install_common()
+    vllm_engine.RolloutRayActor = ray_actor_class()
