@@ -188,3 +188,46 @@ def test_molts_own_client_parses_the_http_route(engine):
     assert 1 <= len(generation.token_ids) <= 6 and len(generation.logprobs) == len(generation.token_ids)
     assert all(next(iter(entry.values())).logprob <= 0 for entry in generation.logprobs)
     assert off_policy == 0 and status == 400
+
+
+def test_per_expert_weights_fill_the_fused_moe_tensors(tmp_path, monkeypatch):
+    """Molt's refit sends MoE experts per expert (HF checkpoint names); transformers' Qwen3-MoE
+    holds them fused, so the engine stacks them as vLLM's loader does."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    model = build_tiny_model("Qwen/Qwen3-30B-A3B", tmp_path / "moe")
+    moe = CpuRolloutEngine(model=str(model), max_model_len=128, dtype="float32")
+    experts = moe.model.model.layers[0].mlp.experts
+    n, inter = experts.gate_up_proj.shape[0], experts.gate_up_proj.shape[1] // 2
+    sent = {}
+    for name, param in moe.model.named_parameters():
+        if ".mlp.experts." not in name:
+            sent[name] = torch.randn_like(param)
+            continue
+        prefix = name.rsplit(".", 1)[0]
+        for e in range(n):
+            if name.endswith("gate_up_proj"):
+                sent[f"{prefix}.{e}.gate_proj.weight"] = torch.randn(inter, param.shape[2])
+                sent[f"{prefix}.{e}.up_proj.weight"] = torch.randn(inter, param.shape[2])
+            else:
+                sent[f"{prefix}.{e}.down_proj.weight"] = torch.randn(param.shape[1], param.shape[2])
+    names = sorted(sent)
+    port = _free_port()
+
+    def trainer_rank0():
+        GlooBroadcastGroup("127.0.0.1", port, 0, 2).broadcast(torch.cat([sent[k].view(torch.uint8).view(-1) for k in names]), src=0)
+
+    async def engine_side():
+        await moe.init_process_group("127.0.0.1", port, 1, 2, "molt", "nccl")
+        await moe.pause_generation()
+        await moe.reset_weight_update_check()
+        await moe.update_weights_packed([(k, sent[k].dtype, tuple(sent[k].shape)) for k in names])
+        return await moe.weight_update_missing()
+
+    sender = threading.Thread(target=trainer_rank0)
+    sender.start()
+    missing = asyncio.run(engine_side())
+    sender.join()
+    assert missing == []
+    torch.testing.assert_close(experts.gate_up_proj[3], torch.cat([sent["model.layers.0.mlp.experts.3.gate_proj.weight"],
+                                                                  sent["model.layers.0.mlp.experts.3.up_proj.weight"]]))
+    torch.testing.assert_close(experts.down_proj[5], sent["model.layers.0.mlp.experts.5.down_proj.weight"])

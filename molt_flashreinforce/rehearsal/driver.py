@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from molt_flashreinforce.rehearsal.run import LOGICAL_GPUS_VARIABLE
-from molt_flashreinforce.rehearsal.standins import LOOPBACK, SETUP_HOOK, install_driver
+from molt_flashreinforce.rehearsal.standins import ENVIRONMENT, LOOPBACK, SETUP_HOOK, install_driver
 
 RAY_CPUS = 8  # logical: one per actor Molt starts, all sharing this machine's cores
 
@@ -22,7 +22,7 @@ def main() -> None:
 
     install_driver()
     passthrough = ("GLOO_SOCKET_IFNAME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS", "PYTHONPATH",
-                   "RAY_prestart_worker_first_driver")
+                   "RAY_prestart_worker_first_driver", *ENVIRONMENT)
     molt_main.main(
         setup_hook=SETUP_HOOK,
         ray_options={

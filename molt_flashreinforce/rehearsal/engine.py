@@ -12,7 +12,9 @@ transformers and serves, on this machine's loopback only:
 and, as Ray actor methods, the weight-update sequence Molt's refit drives: `pause_generation`
 (between tokens: a request in flight keeps its KV cache and continues on the new weights, like
 vLLM's keep mode), `begin_weight_update`, `update_weights_packed` (one packed uint8 broadcast
-over `weight_sync.GlooBroadcastGroup`, split and copied by Hugging Face parameter name),
+over `weight_sync.GlooBroadcastGroup`, split and copied by Hugging Face parameter name; per-expert
+MoE weights go into transformers' fused `gate_up_proj` / `down_proj` tensors, as vLLM's loader
+stacks them),
 `end_weight_update`, `reset_weight_update_check` / `weight_update_missing`
 (`--train.check_weight_update_equal`), `reset_prefix_cache` and `resume_generation`.
 
@@ -28,11 +30,15 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
 MAX_LOGPROBS = 20  # vLLM's default cap on logprobs per token
+# A per-expert checkpoint name, as Molt's refit sends MoE experts (HF checkpoint layout).
+_EXPERT_WEIGHT = re.compile(r"^(?P<experts>.+\.mlp\.experts)\.(?P<index>\d+)\.(?P<part>gate_proj|up_proj|down_proj)\.weight$")
 SAMPLING_EPS = 1e-5  # below this temperature vLLM samples greedily
 
 
@@ -140,6 +146,7 @@ class CpuRolloutEngine:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._weights_loaded: set[str] | None = None
+        self._slices_loaded: Counter = Counter()
         self._sync_group = None
         self._server = None
 
@@ -242,21 +249,49 @@ class CpuRolloutEngine:
         sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape in metas]
         buffer = torch.empty(sum(sizes), dtype=torch.uint8)
         await asyncio.to_thread(self._sync_group.broadcast, buffer, 0)
-        params = dict(self.model.named_parameters())
         with torch.no_grad():
             for (name, dtype, shape), part in zip(metas, buffer.split(sizes)):
-                target = params.get(name)
-                if target is None:
+                located = self._locate(name)
+                if located is None:
                     continue  # like vLLM's load_weights: names the model does not have are ignored
+                target_name, target = located
                 target.copy_(part.view(dtype).view(*shape))
-                if self._weights_loaded is not None:
-                    self._weights_loaded.add(name)
+                self._slices_loaded[target_name] += 1
+                if self._weights_loaded is not None and self._slices_loaded[target_name] % self._slices_per_param(target_name) == 0:
+                    self._weights_loaded.add(target_name)
+
+    def _locate(self, name: str) -> tuple[str, torch.Tensor] | None:
+        """(parameter name, the tensor or slice of it that weight `name` fills), or None."""
+        params = dict(self.model.named_parameters())
+        if name in params:
+            return name, params[name]
+        expert = _EXPERT_WEIGHT.match(name)
+        if expert is None:
+            return None
+        index, part = int(expert["index"]), expert["part"]
+        fused = f"{expert['experts']}.{'down_proj' if part == 'down_proj' else 'gate_up_proj'}"
+        if fused not in params:
+            return None
+        tensor = params[fused][index]
+        if part != "down_proj":  # gate rows first, then up rows
+            half = tensor.shape[0] // 2
+            tensor = tensor[:half] if part == "gate_proj" else tensor[half:]
+        return fused, tensor
+
+    def _slices_per_param(self, name: str) -> int:
+        """How many received weights make up parameter `name` (experts x halves when fused)."""
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            return 2 * self.model.get_parameter(name).shape[0]
+        if name.endswith(".mlp.experts.down_proj"):
+            return self.model.get_parameter(name).shape[0]
+        return 1
 
     async def end_weight_update(self) -> None:
         return None
 
     async def reset_weight_update_check(self) -> None:
         self._weights_loaded = set()
+        self._slices_loaded = Counter()
 
     async def weight_update_missing(self) -> list[str] | None:
         loaded, self._weights_loaded = self._weights_loaded, None

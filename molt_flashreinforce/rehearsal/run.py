@@ -188,6 +188,8 @@ def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, phases: dict[st
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
     import importlib.util
 
+    from molt_flashreinforce.rehearsal.standins import ENVIRONMENT
+
     env = {
         "GLOO_SOCKET_IFNAME": "lo",
         "HF_HUB_OFFLINE": "1",
@@ -196,6 +198,7 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
         # Ray otherwise starts idle workers up front, each importing torch and Molt on 2 cores.
         "RAY_prestart_worker_first_driver": "0",
         "OMP_NUM_THREADS": "2",
+        **ENVIRONMENT,
         **extra,
     }
     if importlib.util.find_spec("vllm") is None:  # never shadow a real vLLM

@@ -21,7 +21,10 @@ STANDINS = {
     "NCCL": "torch.distributed nccl backend -> gloo (FSDP2, DTensor and device meshes on CPU)",
     "torch.cuda": "set_device/synchronize/empty_cache/memory stats -> no-ops; current_device -> cpu; cuda tensors -> cpu",
     "node address": "Ray's node IP -> 127.0.0.1, so every server Molt starts listens on the loopback",
+    "MoE token dispatcher": "HybridEP (GPU kernels) -> NeMo AutoModel's torch dispatcher, via Molt's MOLT_MOE_DISPATCHER",
 }
+# Environment of every rehearsal process: Molt's own knob for the MoE dispatcher.
+ENVIRONMENT = {"MOLT_MOE_DISPATCHER": "torch"}
 
 
 class _CpuDevices:
@@ -91,6 +94,8 @@ def _patch_node_address() -> None:
 CUDA_NAMING_MODULES = (
     "molt.trainer.workers.policy_actor",
     "nemo_automodel._transformers.auto_model",
+    "nemo_automodel.components.models.qwen3_moe.model",
+    "nemo_automodel.components.moe.state_dict_utils",
 )
 
 

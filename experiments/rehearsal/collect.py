@@ -1,0 +1,50 @@
+"""Collect rehearsal summaries into experiments/rehearsal/results.{json,md}.
+
+    python experiments/rehearsal/collect.py RUN_DIR [RUN_DIR ...]
+
+Each RUN_DIR is a `rehearsal=cpu` run directory (it holds rehearsal/summary.json). The table
+gives what docs/rehearsal.md and the README quote: steps, lag, acceptance, reward, vllm_kl at
+step 1, weight checks and wall time per phase, with the machine it was measured on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def main(run_dirs: list[str]) -> None:
+    rows = []
+    for run_dir in run_dirs:
+        summary = json.loads((Path(run_dir) / "rehearsal" / "summary.json").read_text())
+        rows.append({key: summary[key] for key in (
+            "experiment", "algo", "steps", "resumed_from_step", "policy_lag_mean", "policy_lag_max",
+            "versions_mixed_fraction", "acceptance_rate", "reward_mean", "vllm_kl_first_step", "phases_s")}
+            | {"weight_checks_landed": sum("landed on every" in line for line in summary["weight_checks"]),
+               "wall_s": round(sum(summary["phases_s"].values()), 1)})
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    (HERE / "results.json").write_text(json.dumps({"machine": machine, "rehearsals": rows}, indent=1) + "\n")
+
+    def fmt(value):
+        return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    lines = [f"Measured on {machine} (`python experiments/rehearsal/collect.py` over the run directories).", "",
+             "| experiment | algo | steps | lag mean / max | acceptance | reward | vllm_kl step 1 | refits checked | wall s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        steps = f"{row['steps']}" + (f" (resumed at {row['resumed_from_step']})" if row["resumed_from_step"] else "")
+        lines.append(
+            f"| {row['experiment']} | {row['algo']} | {steps} | {fmt(row['policy_lag_mean'])} / {fmt(row['policy_lag_max'])} "
+            f"| {fmt(row['acceptance_rate'])} | {fmt(row['reward_mean'])} | {fmt(row['vllm_kl_first_step'])} "
+            f"| {row['weight_checks_landed']}/{row['steps']} | {row['wall_s']} |"
+        )
+    (HERE / "results.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
