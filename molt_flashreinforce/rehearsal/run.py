@@ -102,12 +102,15 @@ def _scaled_in_flight(molt_rollout: DictConfig, prompts: int) -> int | None:
     return max(1, round(int(in_flight) * prompts / int(molt_rollout.batch_size)))
 
 
+def prompts_per_step(cfg: DictConfig) -> int:
+    return max(1, int(cfg.rehearsal.trajectories_per_step) // int(cfg.algo.group_size))
+
+
 def rehearsal_overrides(cfg: DictConfig, model_dir: Path, data_dir: Path, total_steps: int) -> dict[str, object]:
     """Every key the rehearsal changes, with its new value."""
     rehearsal = cfg.rehearsal
-    group = int(cfg.algo.group_size)
-    prompts = max(1, int(rehearsal.trajectories_per_step) // group)
-    trajectories = prompts * group
+    prompts = prompts_per_step(cfg)
+    trajectories = prompts * int(cfg.algo.group_size)
     molt = cfg.molt
     # Molt builds MoE models only with expert parallelism, so an EP experiment keeps EP 2 (two
     # FSDP ranks over gloo); every other one gets a single policy actor.
@@ -148,36 +151,34 @@ def _latest_rehearsal_dir(run_dir: Path) -> Path | None:
     return max(candidates, key=lambda d: d.stat().st_mtime, default=None)
 
 
-def _last(series, default=None):
-    return series[-1][1] if series else default
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
-def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, phases: dict[str, float]) -> Summary:
+def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phases: dict[str, float]) -> Summary:
+    """The rehearsal's summary from its TensorBoard scalars (steps after `resumed_from`) and the
+    part of Molt's output (`log`) this rehearsal wrote."""
+    from molt_flashreinforce.rehearsal.standins import STANDINS
     from molt_flashreinforce.report.events import read_scalars
 
     scalars = read_scalars(run_dir / "tensorboard")
-    steps_logged = scalars.get(metrics.ROLLOUTS_CONSUMED, ())
-    new = [value for step, value in scalars.get(metrics.POLICY_LAG_MAX, ()) if step > resumed_from]
-    lag_mean = [value for step, value in scalars.get(metrics.POLICY_LAG_MEAN, ()) if step > resumed_from]
-    mixed = [value for step, value in scalars.get(metrics.POLICY_VERSIONS_MIXED, ()) if step > resumed_from]
-    acceptance = [value for step, value in scalars.get(metrics.ACCEPTANCE_RATE, ()) if step > resumed_from]
-    rewards = [value for step, value in scalars.get(metrics.REWARD_MEAN, ()) if step > resumed_from]
-    kl = [value for step, value in scalars.get(metrics.VLLM_KL, ()) if step > resumed_from]
-    log = (run_dir / "molt.log").read_text(encoding="utf-8", errors="replace") if (run_dir / "molt.log").is_file() else ""
-    from molt_flashreinforce.rehearsal.standins import STANDINS
 
+    def since_resume(tag: str) -> list[float]:
+        return [value for step, value in scalars.get(tag, ()) if step > resumed_from]
+
+    consumed, lag_max, kl = since_resume(metrics.ROLLOUTS_CONSUMED), since_resume(metrics.POLICY_LAG_MAX), since_resume(metrics.VLLM_KL)
     return Summary(
         experiment=str(cfg.experiment_name),
         algo=str(cfg.algo.name),
-        steps=sum(1 for step, _ in steps_logged if step > resumed_from),
-        rollouts_consumed=_last(steps_logged),
-        policy_lag_mean=sum(lag_mean) / len(lag_mean) if lag_mean else None,
-        policy_lag_max=max(new) if new else None,
-        versions_mixed_fraction=sum(mixed) / len(mixed) if mixed else None,
-        acceptance_rate=sum(acceptance) / len(acceptance) if acceptance else None,
-        reward_mean=sum(rewards) / len(rewards) if rewards else None,
+        steps=len(consumed),
+        rollouts_consumed=consumed[-1] if consumed else None,
+        policy_lag_mean=_mean(since_resume(metrics.POLICY_LAG_MEAN)),
+        policy_lag_max=max(lag_max) if lag_max else None,
+        versions_mixed_fraction=_mean(since_resume(metrics.POLICY_VERSIONS_MIXED)),
+        acceptance_rate=_mean(since_resume(metrics.ACCEPTANCE_RATE)),
+        reward_mean=_mean(since_resume(metrics.REWARD_MEAN)),
         vllm_kl_first_step=kl[0] if kl else None,
-        weight_checks=[m.group(1).strip() for m in _WEIGHT_CHECK.finditer(log)][-100:],
+        weight_checks=[match.group(1).strip() for match in _WEIGHT_CHECK.finditer(log)],
         resumed_from_step=resumed_from,
         standins=dict(STANDINS),
         real=list(REAL_PARTS),
@@ -209,7 +210,7 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
 
 def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
     """Rehearse the job (None under dry_run=true, which stops after validation)."""
-    from molt_flashreinforce.launch.job import latest_checkpoint, prepare_molt_job, run_molt_job
+    from molt_flashreinforce.launch.job import LOG_NAME, latest_checkpoint, prepare_molt_job, run_molt_job
     from molt_flashreinforce.rehearsal.data import prepare_rehearsal_data
     from molt_flashreinforce.rehearsal.tiny_model import build_tiny_model
 
@@ -231,7 +232,7 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
     model_dir = work / "model"
     if not (model_dir / "config.json").is_file():
         build_tiny_model(str(cfg.model.name_or_path), model_dir, seed=int(cfg.seed))
-    data_dir, data_env = prepare_rehearsal_data(str(cfg.experiment_name), work, total * max(1, int(cfg.rehearsal.trajectories_per_step) // int(cfg.algo.group_size)))
+    data_dir, data_env = prepare_rehearsal_data(str(cfg.experiment_name), work, total * prompts_per_step(cfg))
     phases["model and data"] = time.monotonic() - started
 
     started = time.monotonic()
@@ -239,8 +240,7 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
     OmegaConf.set_struct(rehearsed, False)
     for key, value in rehearsal_overrides(cfg, model_dir, data_dir, total).items():
         _set(rehearsed, key, value)
-    if data_env:
-        _set(rehearsed, "agent.required_env", [])  # provided to the workers below
+    os.environ.update(data_env)  # e.g. ALFWORLD_DATA: checked and forwarded to every worker like a user's export
     job = prepare_molt_job(rehearsed, run_dir)
     phases["validation"] = time.monotonic() - started
     for warning in job.warnings:
@@ -250,16 +250,18 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
         print("dry_run=true: the rehearsal's model, data and Molt command are ready; not starting Ray.")
         return None
     gpus = int(rehearsed.placement.actor.gpus_per_node) + int(rehearsed.placement.vllm.engines)
-    job.command.env.update(_child_env({**data_env, LOGICAL_GPUS_VARIABLE: str(gpus)}))
-    job.command.env["MOLT_FLASHREINFORCE_WORKER_ENV"] = ",".join(
-        filter(None, [job.command.env.get("MOLT_FLASHREINFORCE_WORKER_ENV", ""), *data_env])
-    )
+    job.command.env.update(_child_env({LOGICAL_GPUS_VARIABLE: str(gpus)}))
     print(f"rehearsal: Molt command in {run_dir / 'launch' / 'molt_command.sh'}; log {run_dir / 'molt.log'}", flush=True)
+    log_path = run_dir / LOG_NAME
+    log_start = log_path.stat().st_size if log_path.is_file() else 0  # a resumed run appends to it
     started = time.monotonic()
     run_molt_job(job, module=DRIVER_MODULE)
     phases["Molt (Ray start-up, actors, training, checkpoint)"] = time.monotonic() - started
     steps_file.write_text(json.dumps({"steps": total}))
 
-    summary = summarize(rehearsed, run_dir, done, phases)
+    with log_path.open("rb") as log:
+        log.seek(log_start)
+        this_run = log.read().decode("utf-8", errors="replace")
+    summary = summarize(rehearsed, run_dir, done, this_run, phases)
     (work / SUMMARY_NAME).write_text(json.dumps(asdict(summary), indent=1))
     return summary
