@@ -33,6 +33,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -96,6 +97,11 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
         run_molt_job(job, extra_env=cluster_env)
 
 
+class RefusedJob(CompactHydraException):
+    """A sweep job refused in its own process (submitit): after the sweep Hydra prints this message
+    as it is, without a traceback, and exits non-zero."""
+
+
 def print_refusal(error: LaunchError, where: str = "") -> None:
     if os.environ.get(DEBUG_ENV) == "1":
         traceback.print_exception(error)
@@ -145,7 +151,8 @@ def _hydra_main(cfg: DictConfig) -> None:
             print_refusal(error, where=f"job {run_dir.name}: ")
             _refused_jobs.append(run_dir)
             return
-        raise  # a job in its own process (submitit): its launcher records the failure
+        print_refusal(error)  # into the job's own SLURM/submitit log
+        raise RefusedJob(f"{PROG}: error: {error}") from None  # its launcher records the failure
     except Exception:
         _log_to_files("job failed", exc_info=True)  # Hydra prints it on the console
         raise
