@@ -181,3 +181,7 @@ def test_only_a_run_directory_holding_hydras_files_is_removed(tmp_path):
     (resumed / "checkpoints").mkdir()
     remove_unused_run_dir(resumed, tmp_path)
     assert (resumed / "checkpoints").is_dir()  # a directory with the user's work is never removed
+
+    (tmp_path / ".hydra").mkdir()
+    remove_unused_run_dir(tmp_path, tmp_path)  # hydra.run.dir=. : the launch directory itself stays
+    assert (tmp_path / ".hydra").is_dir()

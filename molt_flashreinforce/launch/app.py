@@ -121,13 +121,13 @@ def _log_to_files(message: str, exc_info: bool = False) -> None:
 def remove_unused_run_dir(run_dir: Path, launch_dir: Path) -> None:
     """Remove a run directory that holds only what Hydra wrote before the job (.hydra/ and its log),
     then the parents that this leaves empty, up to the launch directory."""
-    if not run_dir.is_dir() or any(
+    launch_dir = launch_dir.resolve()
+    if run_dir.resolve() in (launch_dir, *launch_dir.parents) or not run_dir.is_dir() or any(
         not (entry.name == ".hydra" and entry.is_dir()) and not (entry.suffix == ".log" and entry.is_file())
         for entry in run_dir.iterdir()
     ):
         return
     shutil.rmtree(run_dir)
-    launch_dir = launch_dir.resolve()
     for parent in run_dir.resolve().parents:
         if parent == launch_dir or launch_dir not in parent.parents or any(parent.iterdir()):
             break
