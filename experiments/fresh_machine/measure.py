@@ -6,7 +6,8 @@ Copies the committed tree (`git archive HEAD`) into SCRATCH_DIR, which must not 
 times `bash scripts/setup.sh` (a new .venv, pip's cache off, as on a fresh machine) and then
 `.venv/bin/molt-flashreinforce experiment=tiny`. Writes `experiments/fresh_machine/result.json`:
 the wall times, what each command printed (the job's run directory shown as
-`runs/tiny/flashreinforce/<time>`), the job's summary.json numbers and the machine. The README's
+`runs/tiny/flashreinforce/<time>`; of pip's output only the block setup.sh explains), the job's
+summary.json numbers and the machine. The README's
 fresh-machine numbers are rendered from that file (scripts/doc_numbers.py).
 """
 
@@ -49,6 +50,24 @@ def _timed(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, list
     return elapsed, [line for line in lines if line]
 
 
+# What setup.sh itself prints, and pip's expected molt-rl block it explains; the rest of pip's
+# output (this machine's index and mirror warnings) is not kept.
+_SETUP_LINE = re.compile(r"^(\[\d/\d\] |      done in |setup finished in |      \^ |        lists |molt-rl 0\.2\.1 requires |ERROR: pip's )")
+
+
+def setup_lines(lines: list[str]) -> list[str]:
+    return [line for line in lines if _SETUP_LINE.match(line)]
+
+
+def job_lines(lines: list[str], run_dir: Path) -> list[str]:
+    """The warm-start line, the progress bar's final state and the summary line."""
+    kept = [line.replace(str(run_dir), "runs/tiny/flashreinforce/<time>")
+            for line in lines if re.match(r"(Warm start:|flashreinforce lag=0:|tiny: )", line)]
+    bar = [line for line in kept if line.startswith("flashreinforce lag=0:")]
+    return [line for line in kept if not line.startswith("flashreinforce lag=0:")][:1] + bar[-1:] + \
+        [line for line in kept if line.startswith("tiny: ")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scratch", type=Path, help="a directory that does not exist yet")
@@ -60,15 +79,10 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PIP_NO_CACHE_DIR"] = "1"
     load = os.getloadavg()[0]
-    setup_s, setup_lines = _timed(["bash", "scripts/setup.sh"], scratch, env)
-    job_s, job_lines = _timed([".venv/bin/molt-flashreinforce", "experiment=tiny"], scratch, env)
+    setup_s, printed_by_setup = _timed(["bash", "scripts/setup.sh"], scratch, env)
+    job_s, job_printed = _timed([".venv/bin/molt-flashreinforce", "experiment=tiny"], scratch, env)
     (run_dir,) = (scratch / "runs" / "tiny" / "flashreinforce").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())
-    shown = f"runs/tiny/flashreinforce/{run_dir.name}"
-    printed = [
-        line.replace(str(run_dir), "runs/tiny/flashreinforce/<time>").replace(shown, "runs/tiny/flashreinforce/<time>")
-        for line in job_lines if re.match(r"(Warm start:|flashreinforce lag=0:|tiny: )", line)
-    ]
     result = {
         "measured": datetime.date.today().isoformat(),
         "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "load_average_before": round(load, 2),
@@ -76,8 +90,8 @@ def main() -> None:
         "setup_s": round(setup_s, 1),
         "job_s": round(job_s, 1),
         "total_s": round(setup_s + job_s, 1),
-        "setup_printed": setup_lines,
-        "job_printed": printed,
+        "setup_printed": setup_lines(printed_by_setup),
+        "job_printed": job_lines(job_printed, run_dir),
         "job": {key: summary[key] for key in ("eval_pass1_random_init", "eval_pass1_start", "eval_pass1_end",
                                               "warm_start_wall_s", "rl_wall_s", "wall_s", "peak_rss_mib")},
     }
