@@ -10,12 +10,15 @@ updates, split into sampling (`collect`: KV-cache generation with stored log-pro
 snapshot) and learning (`update`: forward, loss through Molt's PolicyLoss, backward, AdamW step).
 
 Generation tokens are sampled policy tokens; training tokens are every token the learner's
-forward and backward process (prompt + response, padding included).
+forward and backward process (prompt + response, padding included). `--json FILE` also writes the
+numbers there (the docs quote them from experiments/benchmarks/).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import time
 
 import torch
@@ -35,6 +38,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=20, help="timed updates")
     parser.add_argument("--untimed", type=int, default=3, help="updates run before timing starts")
     parser.add_argument("--warm-start-steps", type=int, default=100, help="supervised steps before timing")
+    parser.add_argument("--json", metavar="FILE", help="also write the numbers to FILE")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. local.device=cuda")
     args = parser.parse_args()
 
@@ -73,6 +77,14 @@ def main() -> None:
     print(f"training tokens/s:   {trained / learning_s:,.0f}  ({trained} tokens in {learning_s:.2f} s)")
     print(f"updates/s: {args.updates / (sampling_s + learning_s):.2f}  "
           f"(sampling {sampling_s / (sampling_s + learning_s):.0%} of update time)")
+    if args.json:
+        results = {"measured": datetime.date.today().isoformat(), "device": device, "overrides": args.overrides,
+                   "generation_tokens_per_s": generated / sampling_s, "training_tokens_per_s": trained / learning_s,
+                   "updates_per_s": args.updates / (sampling_s + learning_s),
+                   "sampling_fraction": sampling_s / (sampling_s + learning_s)}
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+            handle.write("\n")
 
 
 if __name__ == "__main__":

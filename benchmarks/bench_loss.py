@@ -1,7 +1,7 @@
 """Time the FlashREINFORCE loss against Molt's `PolicyLoss` recipe configuration; measure the
 entropy filter's memory.
 
-    python benchmarks/bench_loss.py [--device cpu|cuda] [--dtype float32|bfloat16] [--repeats 7]
+    python benchmarks/bench_loss.py [--device cpu|cuda] [--dtype float32|bfloat16] [--repeats 7] [--json FILE]
 
 For B=128 and T in {1024, 8192} it times forward+backward of, on the same inputs in this process:
   molt      Molt 0.2.1 PolicyLoss(ppo, IS seq/binary_kl/mask, [-inf, delta], seq-mean-token-mean),
@@ -11,11 +11,15 @@ For B=128 and T in {1024, 8192} it times forward+backward of, on the same inputs
 and prints medians and the ratios ours/molt and ours_q09/ours. Then, in fresh subprocesses, the
 extra peak memory of `token_entropy` on T=8192, V=152064 logits (the size the filter needs for a
 Qwen vocabulary) next to Molt's one-shot `compute_entropy`. On CUDA it also checks bf16 parity.
+`--json FILE` also writes every printed number there (the docs quote them from experiments/benchmarks/).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -59,6 +63,7 @@ def run_timings(device: str, dtype: torch.dtype, repeats: int) -> None:
     molt_loss = PolicyLoss(is_correction_level="seq", is_correction_gating="binary_kl", is_correction_mode="mask",
                            is_correction_threshold=[float("-inf"), DELTA], loss_agg_mode="seq-mean-token-mean")
     plain, filtered = FlashReinforceConfig(delta=DELTA), FlashReinforceConfig(delta=DELTA, entropy_filter_q=0.9)
+    results = {}
     print(f"device={device} dtype={dtype} B={BATCH} median of {repeats} (forward + backward)")
     print(f"{'T':>6} {'molt ms':>9} {'ours ms':>9} {'q=0.9 ms':>9} {'ours/molt':>10} {'q0.9/ours':>10}")
     for length in LENGTHS:
@@ -87,6 +92,10 @@ def run_timings(device: str, dtype: torch.dtype, repeats: int) -> None:
         median = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
         print(f"{length:>6} {median['molt']:>9.2f} {median['ours']:>9.2f} {median['ours_q09']:>9.2f} "
               f"{median['ours'] / median['molt']:>10.3f} {median['ours_q09'] / median['ours']:>10.3f}")
+        results[f"T{length}"] = {"molt_ms": median["molt"], "ours_ms": median["ours"], "ours_q09_ms": median["ours_q09"],
+                                 "ours_over_molt": median["ours"] / median["molt"],
+                                 "q09_over_ours": median["ours_q09"] / median["ours"]}
+    return results
 
 
 _MEMORY_PROBE = """
@@ -112,13 +121,16 @@ def extra_peak_mib(which: str, length: int, vocab: int) -> float:
     return float(result.stdout.strip().splitlines()[-1])
 
 
-def run_memory() -> None:
+def run_memory() -> dict[str, float]:
     vocab = 152064
     print(f"\nextra peak RSS of full-vocabulary token entropies, V={vocab}, bf16 logits (fresh process each)")
-    print(f"  ours  token_entropy     T=8192: {extra_peak_mib('ours', 8192, vocab):8.0f} MiB")
     # Molt's one-shot version needs several [T, V] float32 buffers; shown at T=1024 to fit this machine.
-    print(f"  molt  compute_entropy   T=1024: {extra_peak_mib('molt', 1024, vocab):8.0f} MiB")
-    print(f"  ours  token_entropy     T=1024: {extra_peak_mib('ours', 1024, vocab):8.0f} MiB")
+    results = {"vocab": vocab}
+    for which, name, length in (("ours", "token_entropy", 8192), ("molt", "compute_entropy", 1024),
+                                ("ours", "token_entropy", 1024)):
+        results[f"{which}_T{length}_mib"] = extra_peak_mib(which, length, vocab)
+        print(f"  {which:<5} {name:<17} T={length}: {results[f'{which}_T{length}_mib']:8.0f} MiB")
+    return results
 
 
 def run_cuda_parity() -> None:
@@ -145,12 +157,19 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--json", metavar="FILE", help="also write the numbers to FILE")
     options = parser.parse_args()
-    run_timings(options.device, getattr(torch, options.dtype), options.repeats)
+    results = {"measured": datetime.date.today().isoformat(), "device": options.device, "dtype": options.dtype,
+               "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "repeats": options.repeats,
+               "batch": BATCH, "timings": run_timings(options.device, getattr(torch, options.dtype), options.repeats)}
     if options.device == "cuda":
         run_cuda_parity()
     if not options.skip_memory:
-        run_memory()
+        results["entropy_extra_peak"] = run_memory()
+    if options.json:
+        with open(options.json, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+            handle.write("\n")
 
 
 if __name__ == "__main__":

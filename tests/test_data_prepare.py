@@ -196,6 +196,16 @@ def test_hub_ids_without_network_point_to_local_files(tmp_path):
     assert done.returncode == 2
     assert "Could not load the Hugging Face dataset 'BytedTsinghua-SIA/DAPO-Math-17k' (split 'train')" in done.stderr
     assert "pass it as a local file with --source" in done.stderr
+    assert "For this source: --source dapo=<file.jsonl|.json|.parquet>." in done.stderr
+
+
+def test_help_is_plain_text_and_lists_each_experiments_sources():
+    done = subprocess.run([sys.executable, "-m", "molt_flashreinforce.data.cli", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert "``" not in done.stdout and "::" not in done.stdout  # no reStructuredText markup
+    assert "  math_qwen2p5_1p5b: dapo, math500, amc23, minerva, aime25, olympiadbench" in done.stdout
+    assert "--source dapo=dapo.parquet" in done.stdout
 
 
 @pytest.mark.parametrize(

@@ -76,12 +76,6 @@ def test_tiny_dry_run_records_without_training(tmp_path):
     assert not (run_dir / "summary.json").exists()
 
 
-def test_missing_experiment_lists_the_choices(tmp_path):
-    done = run_cli(tmp_path, "dry_run=true")
-    assert done.returncode != 0
-    assert "You must specify 'experiment'" in done.stderr and "math_qwen2p5_1p5b" in done.stderr
-
-
 def test_help_without_an_experiment_lists_the_experiments(tmp_path):
     done = run_cli(tmp_path, "--help")
     assert done.returncode == 0

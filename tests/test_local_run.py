@@ -85,7 +85,7 @@ def test_config_errors_name_the_key_and_the_fix():
         LocalConfig.from_node(None)
     with pytest.raises(LocalConfigError, match=r"local\.model\.n_layers"):
         LocalConfig.from_node({"model": {"n_layers": 2}})
-    with pytest.raises(LocalConfigError, match="policy_lag must be an integer >= 0"):
+    with pytest.raises(LocalConfigError, match=r"local\.policy_lag=-1 must be an integer >= 0"):
         LocalConfig.from_node({"policy_lag": -1})
     with pytest.raises(LocalConfigError, match="multiple of algo.group_size"):
         run(_cfg(rollouts_per_step=6, algo={"name": "grpo", "group_size": 4}), "unused")

@@ -234,13 +234,15 @@ def test_alfworld_seen_unseen_at_step_200_and_40(tmp_path, capsys):
 
 
 def test_experiment_from_hydra_choice_and_flag(tmp_path, capsys):
-    """No experiment_name: the Hydra group choice in .hydra/hydra.yaml names it; --experiment overrides."""
-    run = make_run(tmp_path / "run", {"algo": {"name": "flashreinforce"}},
+    """No experiment_name: the Hydra group choice in .hydra/hydra.yaml names it; --experiment overrides.
+    A single run is labelled by its experiment and algorithm, not by its time-stamped directory."""
+    run = make_run(tmp_path / "2026-12-01_09-00-00", {"algo": {"name": "flashreinforce"}},
                    {metrics.eval_pass1("tiny"): {0: 0.1, 50: 0.6}})
     (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"runtime": {"choices": {"experiment": "tiny"}}}}))
     status, out, err = report(capsys, run, "--format", "csv")
     assert status == 0, err
     assert float(only(csv_rows(out), row="final")["this_run"]) == pytest.approx(60.0)
+    assert {row["run"] for row in csv_rows(out)} == {"experiment=tiny algo=flashreinforce"}
     status, out, err = report(capsys, run, "--experiment", "moe_lag8_qwen3_30b_a3b", "--format", "csv")
     assert status == 0 and {row["experiment"] for row in csv_rows(out)} == {"moe_lag8_qwen3_30b_a3b"}
     # Last resort: an `experiment=` override; it is left out of the label (the table names it).
@@ -248,7 +250,7 @@ def test_experiment_from_hydra_choice_and_flag(tmp_path, capsys):
                            {metrics.eval_pass1("tiny"): {0: 0.1}}, overrides=["experiment=tiny", "seed=3"])
     status, out, err = report(capsys, by_override, "--format", "csv")
     assert status == 0, err
-    assert {(row["experiment"], row["run"], row["paper_arm"]) for row in csv_rows(out)} == {("tiny", "seed=3", "GRPO")}
+    assert {(row["experiment"], row["run"], row["paper_arm"]) for row in csv_rows(out)} == {("tiny", "experiment=tiny algo=grpo seed=3", "GRPO")}
 
 
 def test_run_without_config_uses_default_arm_and_needs_experiment(tmp_path, capsys):
@@ -307,7 +309,7 @@ def test_markdown_and_latex_render(tmp_path, capsys):
                    tool_scalars({task: {600: 0.25} for task in TOOL_TASKS}, {600: 0.5}), overrides=["algo=grpo"])
     status, out, _ = report(capsys, run)
     assert status == 0
-    assert "| algo=grpo | AMC23/Minerva/AIME25 mean avg@4 (%) | step 600 | 600 | — | 30.3 | 25.0 | -5.3 |" in out
+    assert "| experiment=python_tool_qwen2p5_7b algo=grpo | AMC23/Minerva/AIME25 mean avg@4 (%) | step 600 | 600 | — | 30.3 | 25.0 | -5.3 |" in out
     assert "[H] FlashREINFORCE project page results table (primary)" in out
     status, out, _ = report(capsys, run, "--format", "latex")
     assert status == 0

@@ -11,3 +11,6 @@ molt-flashreinforce -m experiment=tiny algo=flashreinforce,grpo local.policy_lag
 molt-flashreinforce -m experiment=tiny algo=flashreinforce algo.delta=inf local.policy_lag=8 seed=0,1,2 \
   local.progress_bar=false hydra.sweep.dir="$out/delta_inf"
 python experiments/tiny/summarize.py "$out" --out experiments/tiny
+# The README's report example: seed 0 at lag 0, FlashREINFORCE beside GRPO.
+molt-flashreinforce-report "$out"/main/*_algo=flashreinforce,local.policy_lag=0,*seed=0 \
+  "$out"/main/*_algo=grpo,local.policy_lag=0,*seed=0 > experiments/tiny/report_lag0_seed0.md

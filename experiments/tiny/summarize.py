@@ -4,14 +4,17 @@
 
 Reads every Hydra job directory below the given paths (a job = a directory holding
 `.hydra/config.yaml` and TensorBoard events), groups jobs into arms by (algo, group size, delta,
-policy lag), and writes `results.md` (mean and spread over seeds) and `results.png` (mean curve,
-min-max band). Only the metric names of `molt_flashreinforce.metrics` are read, so the same
-script works on any run of the local backend.
+policy lag), and writes `results.md` (mean and spread over seeds), `results.json` (the same numbers
+per arm and per seed, with each job's wall time and peak memory: the docs quote them from there)
+and `results.png` (mean curve, min-max band). Only the metric names of `molt_flashreinforce.metrics`
+are read, so the same script works on any run of the local backend.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -55,8 +58,12 @@ def collect(paths: list[Path]) -> dict[tuple, list[dict]]:
             consumed = dict(scalars[tags.ROLLOUTS_CONSUMED])
             curve = [(consumed[step], value) for step, value in scalars[EVAL]]
             acceptance = [v for _, v in scalars.get(tags.ACCEPTANCE_RATE, ())]
+            summary_file = job / "summary.json"
+            job_summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
             arms[_arm(cfg)].append({
                 "seed": int(cfg.seed),
+                "wall_s": job_summary.get("wall_s"),
+                "peak_rss_mib": job_summary.get("peak_rss_mib"),
                 "curve": curve,
                 "acceptance": statistics.fmean(acceptance) if acceptance else None,
                 "lag": max(v for _, v in scalars[tags.POLICY_LAG_MAX]),
@@ -64,29 +71,63 @@ def collect(paths: list[Path]) -> dict[tuple, list[dict]]:
     return arms
 
 
-def _mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.3f} ± {sd:.3f}"
+def _arm_id(arm: tuple) -> str:
+    name, group, delta, lag = arm
+    return f"grpo_g{group}_lag{lag}" if name == "grpo" else f"flashreinforce_delta{delta:g}_lag{lag}"
 
 
-def table(arms: dict[tuple, list[dict]]) -> str:
+def _spread(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values)}
+
+
+def summarize(arms: dict[tuple, list[dict]]) -> dict:
+    """Per arm (lag first, FlashREINFORCE before GRPO): the spread over seeds and every seed's numbers."""
+    out = {}
+    for arm in sorted(arms, key=lambda a: (a[3], a[0] != "flashreinforce", str(a[2]))):
+        runs = sorted(arms[arm], key=lambda r: r["seed"])
+        half = len(runs[0]["curve"]) // 2
+        start = [r["curve"][0][1] for r in runs]
+        end = [r["curve"][-1][1] for r in runs]
+        acceptance = [r["acceptance"] for r in runs if r["acceptance"] is not None]
+        walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
+        memory = [r["peak_rss_mib"] for r in runs if r["peak_rss_mib"] is not None]
+        out[_arm_id(arm)] = {
+            "label": _label(arm),
+            "seeds": [r["seed"] for r in runs],
+            "rollouts": int(runs[0]["curve"][-1][0]),
+            "half_rollouts": int(runs[0]["curve"][half][0]),
+            "start": _spread(start),
+            "half": _spread([r["curve"][half][1] for r in runs]),
+            "end": _spread(end),
+            "gain": _spread([e - s for s, e in zip(start, end)]),
+            "per_seed": {str(r["seed"]): {"start": s, "end": e} for r, s, e in zip(runs, start, end)},
+            "acceptance": statistics.fmean(acceptance) if acceptance else None,
+            "max_lag": max(r["lag"] for r in runs),
+            "wall_s": _spread(walls) if walls else None,
+            "peak_rss_mib": _spread(memory) if memory else None,
+        }
+    walls = [r["wall_s"] for runs in arms.values() for r in runs if r["wall_s"] is not None]
+    return {"measured": datetime.date.today().isoformat(), "jobs": sum(map(len, arms.values())),
+            "jobs_wall_s": sum(walls), "arms": out}
+
+
+def _mean_sd(spread: dict) -> str:
+    return f"{spread['mean']:.3f} ± {spread['std']:.3f}"
+
+
+def table(summary: dict) -> str:
     lines = [
         "| arm | seeds | rollouts | pass@1 start | pass@1 at half budget | pass@1 end | gain "
         "| mean acceptance | max lag |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for arm in sorted(arms, key=lambda a: (a[3], a[0] != "flashreinforce", str(a[2]))):
-        runs = arms[arm]
-        half = len(runs[0]["curve"]) // 2
-        start = [r["curve"][0][1] for r in runs]
-        middle = [r["curve"][half][1] for r in runs]
-        end = [r["curve"][-1][1] for r in runs]
-        gain = [e - s for s, e in zip(start, end)]
-        acceptance = [r["acceptance"] for r in runs if r["acceptance"] is not None]
+    for arm in summary["arms"].values():
+        acceptance = "n/a" if arm["acceptance"] is None else f"{arm['acceptance']:.3f}"
         lines.append(
-            f"| {_label(arm)} | {len(runs)} | {int(runs[0]['curve'][-1][0]):,} | {_mean_sd(start)} | "
-            f"{_mean_sd(middle)} (at {int(runs[0]['curve'][half][0]):,}) | {_mean_sd(end)} | {_mean_sd(gain)} | "
-            f"{f'{statistics.fmean(acceptance):.3f}' if acceptance else 'n/a'} | {max(r['lag'] for r in runs):.0f} |"
+            f"| {arm['label']} | {len(arm['seeds'])} | {arm['rollouts']:,} | {_mean_sd(arm['start'])} | "
+            f"{_mean_sd(arm['half'])} (at {arm['half_rollouts']:,}) | {_mean_sd(arm['end'])} | {_mean_sd(arm['gain'])} | "
+            f"{acceptance} | {arm['max_lag']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -128,9 +169,11 @@ def main() -> None:
     if not arms:
         raise SystemExit(f"no Hydra jobs (.hydra/config.yaml) below {', '.join(map(str, args.paths))}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.md").write_text(HEADER + table(arms))
+    summary = summarize(arms)
+    (args.out / "results.md").write_text(HEADER + table(summary))
+    (args.out / "results.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     plot(arms, args.out / "results.png")
-    print(table(arms))
+    print(table(summary))
 
 
 if __name__ == "__main__":

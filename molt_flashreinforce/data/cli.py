@@ -66,7 +66,13 @@ def build_part(part: Part, overrides: dict[str, str]) -> tuple[list[dict], str]:
         games = list_games(source, part.default)
         chosen = games[: part.limit] if part.limit is not None else games
         return [alfworld_row(g, part.datasource) for g in chosen], f"{len(games)} games in {part.default}"
-    rows, note = _math_part_rows(part, source)
+    try:
+        rows, note = _math_part_rows(part, source)
+    except SourceError as error:
+        if part.source in overrides:
+            raise
+        # The default is a Hugging Face id: name the exact option that replaces it with a local file.
+        raise SourceError(f"{error} For this source: --source {part.source}=<file.jsonl|.json|.parquet>.") from None
     return rows, f"{note} from {source}"
 
 
@@ -114,8 +120,25 @@ def _parse_overrides(pairs: list[str]) -> dict[str, str]:
     return overrides
 
 
+def _epilog() -> str:
+    sources = "\n".join(
+        f"  {name}: {', '.join(dict.fromkeys(p.source for p in parts if p.kind != 'tiny')) or '(generated)'}"
+        for name, parts in sorted(RECIPES.items())
+    )
+    return (
+        "Each source defaults to its Hugging Face id (needs a network); --source NAME=FILE reads a local\n"
+        ".jsonl, .json or .parquet file instead (ALFWorld: its data folder, default $ALFWORLD_DATA).\n"
+        f"Sources per experiment:\n{sources}\n"
+        "Example: molt-flashreinforce-data math_qwen2p5_1p5b --out data --source dapo=dapo.parquet\n"
+        "Exit status: 0 on success, 2 on bad input (a malformed row names its file and row; nothing is written)."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="molt-flashreinforce-data", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="molt-flashreinforce-data", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_epilog(),
+        description="Write an experiment's datasets in Molt's prompt format: OUT/EXPERIMENT/train.jsonl and eval.jsonl.",
+    )
     parser.add_argument("experiment", choices=sorted(RECIPES))
     parser.add_argument("--out", required=True, help="data directory; files go to OUT/EXPERIMENT/")
     parser.add_argument(

@@ -11,6 +11,13 @@ its own Hydra job, the others still run, and Hydra reports the failure at the en
 
 Keys under `molt.` are open: `molt.<any Molt flag>=value` works on the command line without
 Hydra's `+` prefix (the app adds `++` before Hydra parses the overrides).
+
+Bad input (launch/validate.py) is refused before any work: one line on stderr naming the key, the
+value and the fix, exit status 2, no traceback (set MOLT_FLASHREINFORCE_DEBUG=1 for one). Unknown
+keys and options are caught on the command line, before Hydra composes; bad values at the start of
+`run`, before the run directory is written. A refused single run removes the directory Hydra made
+for it when that holds nothing but Hydra's own `.hydra/` and log; a refused job of a sweep keeps its
+directory, with the reason in its log, and the other jobs still run.
 """
 
 from __future__ import annotations
@@ -19,14 +26,25 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from molt_flashreinforce.launch.errors import LaunchError
+
+PROG = "molt-flashreinforce"
+DEBUG_ENV = "MOLT_FLASHREINFORCE_DEBUG"  # =1: a refusal also prints its traceback
 _MOLT_OVERRIDE = re.compile(r"^molt\.[^=~+]+=")
+# Jobs of an in-process sweep that were refused; main() exits 2 after the sweep when there are any.
+_refused_jobs: list[Path] = []
+_main_pid: int | None = None
 
 
 def open_molt_overrides(argv: list[str]) -> list[str]:
@@ -43,14 +61,11 @@ OmegaConf.register_new_resolver("plain_override_dirname", plain_override_dirname
 
 
 def run(cfg: DictConfig, run_dir: Path) -> None:
-    """Launch one composed job whose outputs go to `run_dir`."""
-    if cfg.rehearsal.mode == "cpu":
-        if cfg.backend != "molt":
-            from molt_flashreinforce.launch.errors import LaunchError
+    """Launch one composed job whose outputs go to `run_dir`; bad input raises `LaunchError` first."""
+    from molt_flashreinforce.launch.validate import validate
 
-            raise LaunchError(
-                f"rehearsal=cpu rehearses a Molt (GPU) job, but backend={cfg.backend}; experiment=tiny already runs on the CPU."
-            )
+    validate(cfg)
+    if cfg.rehearsal.mode == "cpu":
         from molt_flashreinforce.rehearsal.run import run_rehearsal
 
         summary = run_rehearsal(cfg, run_dir)
@@ -67,10 +82,6 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
             return
         local.run(cfg, run_dir)
         return
-    if cfg.backend != "molt":
-        from molt_flashreinforce.launch.errors import LaunchError
-
-        raise LaunchError(f"backend={cfg.backend!r} is unknown; use backend=molt (GPU) or backend=local (CPU).")
 
     from molt_flashreinforce.launch import ray_cluster
     from molt_flashreinforce.launch.job import prepare_molt_job, run_molt_job
@@ -79,6 +90,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     if role is not None and not role.is_head:
         ray_cluster.join_as_worker(role)  # the head node's task prepares and runs the job
         return
+    print("Checking the flags with Molt's own parser and validation (importing Molt takes about 20 s) ...", flush=True)
     job = prepare_molt_job(cfg, run_dir)
     if job.molt_messages.strip():
         print(f"Molt's validation said:\n{job.molt_messages.rstrip()}")
@@ -92,13 +104,64 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
         run_molt_job(job, extra_env=cluster_env)
 
 
+class RefusedJob(CompactHydraException):
+    """A sweep job refused in its own process (submitit): after the sweep Hydra prints this message
+    as it is, without a traceback, and exits non-zero."""
+
+
+def print_refusal(error: LaunchError, where: str = "") -> None:
+    if os.environ.get(DEBUG_ENV) == "1":
+        traceback.print_exception(error)
+    print(f"{PROG}: error: {where}{error}", file=sys.stderr, flush=True)
+
+
+def _log_to_files(message: str, exc_info: bool = False) -> None:
+    """Into the job's own log file only (the console gets the message once, from Hydra or from us)."""
+    logger = logging.getLogger("molt_flashreinforce")
+    record = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, (),
+                               sys.exc_info() if exc_info else None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def remove_unused_run_dir(run_dir: Path, launch_dir: Path) -> None:
+    """Remove a run directory that holds only what Hydra wrote before the job (.hydra/ and its log),
+    then the parents that this leaves empty, up to the launch directory."""
+    launch_dir = launch_dir.resolve()
+    if run_dir.resolve() in (launch_dir, *launch_dir.parents) or not run_dir.is_dir() or any(
+        not (entry.name == ".hydra" and entry.is_dir()) and not (entry.suffix == ".log" and entry.is_file())
+        for entry in run_dir.iterdir()
+    ):
+        return
+    shutil.rmtree(run_dir)
+    for parent in run_dir.resolve().parents:
+        if parent == launch_dir or launch_dir not in parent.parents or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        run(cfg, Path(HydraConfig.get().runtime.output_dir))
+        run(cfg, run_dir)
+    except LaunchError as error:
+        # Into the job's log file, so a refused job of a sweep keeps its reason.
+        _log_to_files(f"refused: {error}")
+        if hydra_cfg.mode == RunMode.RUN:
+            print_refusal(error)
+            remove_unused_run_dir(run_dir, Path(hydra_cfg.runtime.cwd))
+            sys.exit(2)
+        if os.getpid() == _main_pid:  # a sweep running its jobs in this process: let the others run
+            print_refusal(error, where=f"job {run_dir.name}: ")
+            _refused_jobs.append(run_dir)
+            return
+        print_refusal(error)  # into the job's own SLURM/submitit log
+        raise RefusedJob(f"{PROG}: error: {error}") from None  # its launcher records the failure
     except Exception:
-        # Into the job's own log file, so a failed job of a sweep keeps its reason.
-        logging.getLogger("molt_flashreinforce").exception("job failed")
+        _log_to_files("job failed", exc_info=True)  # Hydra prints it on the console
         raise
 
 
@@ -116,13 +179,39 @@ def usage() -> str:
     )
 
 
+def _check_command_line(arguments: list[str]) -> None:
+    """Unknown keys and options, before Hydra composes (it would advise adding them with `+`)."""
+    from hydra._internal.utils import get_args_parser
+
+    from molt_flashreinforce.launch.validate import check_overrides
+
+    args, _ = get_args_parser().parse_known_args(arguments)
+    # Hydra's own modes (help, --cfg, --info, other config sources) report on the config themselves.
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.config_path \
+            or args.config_name or args.config_dir or args.experimental_rerun:
+        return
+    check_overrides(args.overrides, multirun=args.multirun)
+
+
 def main() -> None:
+    global _main_pid
     arguments = sys.argv[1:]
     if {"--help", "-h"} & set(arguments) and not any(a.startswith("experiment=") for a in arguments):
         print(usage(), end="")
         return
-    sys.argv = [sys.argv[0], *open_molt_overrides(arguments)]
+    arguments = open_molt_overrides(arguments)
+    try:
+        _check_command_line(arguments)
+    except LaunchError as error:
+        print_refusal(error)
+        sys.exit(2)
+    sys.argv = [sys.argv[0], *arguments]
+    _main_pid = os.getpid()
     _hydra_main()
+    if _refused_jobs:
+        print(f"{PROG}: {len(_refused_jobs)} job(s) of the sweep refused (reasons above, and in each job's "
+              f"log); the other jobs ran.", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@
     LocalConfig.from_node(cfg.local)   # OmegaConf node, dict, or None (-> a clear error)
 
 Every field has a default (the `tiny` experiment's values live in conf/experiment/tiny.yaml).
-Unknown keys and out-of-range values raise `LocalConfigError` naming the key and the fix.
+Unknown keys and out-of-range values raise `LocalConfigError`: one line with the full key
+(`local.steps`), the bad value and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -78,15 +80,17 @@ class LocalConfig:
         _positive("local.rollouts_per_step", self.rollouts_per_step)
         _positive("local.num_threads", self.num_threads)
         if not isinstance(self.policy_lag, int) or self.policy_lag < 0:
-            raise LocalConfigError(f"local.policy_lag must be an integer >= 0 (0 = on-policy), got {self.policy_lag!r}")
+            raise LocalConfigError(f"local.policy_lag={self.policy_lag} must be an integer >= 0; use local.policy_lag=0 "
+                                   "for on-policy rollouts")
         for name in ("temperature", "lr", "max_grad_norm"):
             _positive_float(f"local.{name}", getattr(self, name))
         _positive_float("local.eval.temperature", self.eval.temperature)
         _positive_float("local.warm_start.lr", self.warm_start.lr)
         if self.weight_decay < 0:
-            raise LocalConfigError(f"local.weight_decay must be >= 0, got {self.weight_decay!r}")
+            raise LocalConfigError(f"local.weight_decay={self.weight_decay} must be >= 0; e.g. local.weight_decay=0.1")
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
-            raise LocalConfigError(f"local.adam_betas must be two numbers in [0, 1), got {self.adam_betas!r}")
+            raise LocalConfigError(f"local.adam_betas={list(self.adam_betas)} must be two numbers in [0, 1); "
+                                   "e.g. local.adam_betas=[0.9,0.95]")
         _positive("local.task.max_operand", self.task.max_operand)
         _positive("local.task.eval_size", self.task.eval_size)
         if self.task.eval_size > (self.task.max_operand + 1) ** 2 // 2:
@@ -101,7 +105,8 @@ class LocalConfig:
                 f"local.model.n_embd={self.model.n_embd} must be divisible by local.model.n_head={self.model.n_head}"
             )
         if self.warm_start.steps < 0:
-            raise LocalConfigError(f"local.warm_start.steps must be >= 0, got {self.warm_start.steps!r}")
+            raise LocalConfigError(f"local.warm_start.steps={self.warm_start.steps} must be an integer >= 0; "
+                                   "use local.warm_start.steps=0 to skip the warm start")
         _positive("local.warm_start.batch_size", self.warm_start.batch_size)
         _positive("local.eval.every", self.eval.every)
         _positive("local.checkpoint.every", self.checkpoint.every)
@@ -125,29 +130,37 @@ def _plain(node: Any) -> Any:
 
 def _build(cls, values: Mapping[str, Any], prefix: str):
     if not isinstance(values, Mapping):
-        raise LocalConfigError(f"{prefix} must be a mapping, got {values!r}")
+        raise LocalConfigError(f"{prefix}={values} must be a mapping of settings (see conf/experiment/tiny.yaml)")
     known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise LocalConfigError(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}; "
-                               f"valid keys: {', '.join(sorted(known))}")
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean {prefix}.{close[0]}?" if close else f"{prefix} has: {', '.join(sorted(known))}"
+        raise LocalConfigError(f"{prefix}.{unknown[0]} is not a key of the CPU backend's config; {hint}")
     kwargs = {}
     for name, value in values.items():
         nested = known[name].default_factory if known[name].default_factory is not dataclasses.MISSING else None
         if nested is not None and dataclasses.is_dataclass(nested):
             kwargs[name] = _build(nested, value or {}, f"{prefix}.{name}")
         elif name == "adam_betas":
+            if not isinstance(value, (list, tuple)) or not all(_is_number(b) for b in value):
+                raise LocalConfigError(f"{prefix}.adam_betas={value} must be two numbers in [0, 1); "
+                                       "e.g. local.adam_betas=[0.9,0.95]")
             kwargs[name] = tuple(float(b) for b in value)
         else:
             kwargs[name] = value
     return cls(**kwargs)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _positive(name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise LocalConfigError(f"{name} must be a positive integer, got {value!r}")
+        raise LocalConfigError(f"{name}={value} must be a positive integer; set {name}=<an integer >= 1>")
 
 
 def _positive_float(name: str, value: Any) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise LocalConfigError(f"{name} must be a positive finite number, got {value!r}")
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+        raise LocalConfigError(f"{name}={value} must be a positive finite number; set {name}=<a number > 0>")

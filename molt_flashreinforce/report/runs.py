@@ -5,7 +5,8 @@ pairs: a directory with `.hydra/` (or with event files but no `.hydra/`) is one 
 multirun sweep directory (or any directory of runs) expands to every run directory below it,
 in Hydra job-number order (`in_sweep=True`). `load_run(path)` reads
 `.hydra/config.yaml`, `.hydra/hydra.yaml` and `.hydra/overrides.yaml` when present.
-`row_labels(runs)` names runs by the overrides that tell them apart. Bad paths raise
+`row_labels(runs)` names runs by the overrides that tell them apart (a single run by its
+experiment and algorithm). Bad paths raise
 `RunDirError` with what was expected.
 """
 
@@ -120,13 +121,25 @@ def _names_experiment(override: str) -> bool:
     return override.lstrip("+~").partition("=")[0] == "experiment"
 
 
+def _identity(run: Run) -> list[str]:
+    """`experiment=<name> algo=<name>` as far as the run recorded them."""
+    algo = run.get("algo.name")
+    algo = algo if isinstance(algo, str) else run.choices.get("algo")
+    parts = [f"experiment={run.experiment()}"] if run.experiment() else []
+    return parts + ([f"algo={algo}"] if isinstance(algo, str) else [])
+
+
 def row_labels(runs: list[Run]) -> list[str]:
     """Each run's overrides minus those every run shares and the experiment choice (the table's
-    heading names it); the directory name when nothing is left."""
+    heading names it), else the directory name. A run on its own is named by its experiment and
+    algorithm first (then its overrides), since nothing else tells what it was."""
     shared = set.intersection(*(set(run.overrides) for run in runs)) if len(runs) > 1 else set()
     labels = []
     for run in runs:
         distinct = [o for o in run.overrides if o not in shared and not _names_experiment(o)]
+        if len(runs) == 1:
+            named = {o.lstrip("+~").partition("=")[0] for o in distinct}
+            distinct = [part for part in _identity(run) if part.partition("=")[0] not in named] + distinct
         labels.append(" ".join(distinct) or run.path.name)
     counts = {label: labels.count(label) for label in labels}
     return [f"{label} ({run.path.name})" if counts[label] > 1 else label for label, run in zip(labels, runs)]

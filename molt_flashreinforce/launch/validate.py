@@ -1,0 +1,263 @@
+"""The launcher's validation layer: every bad input is refused before any work, in one line.
+
+    check_overrides(overrides, multirun)   # command line, before Hydra composes: unknown keys and options
+    validate(cfg)                          # the composed config, before the run directory is written
+
+Both raise `LaunchError` (launch/errors.py), whose message is one line naming the full key, the bad
+value and the fix; `launch/app.py` prints it once on stderr and exits with status 2.
+
+* `check_overrides` composes the config the way Hydra will (once per combination of swept config
+  groups) and turns Hydra's composition errors into "did you mean ...?" lines: an unknown key gets
+  the closest existing keys (Hydra itself would advise adding it with `+`), an unknown group option
+  the closest options. Errors it does not recognise are left to Hydra, so nothing is lost.
+* `validate` checks the backend, the seed, the `algo` node's types and choices, then the backend's
+  own settings: `local.*` through `LocalConfig` (backend=local), the Molt launch checks
+  (`checks.check_config`, backend=molt).
+
+Nothing here imports torch, Ray or Molt: a refusal takes well under a second.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+from typing import Any, Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+from molt_flashreinforce.launch.errors import LaunchError
+
+BACKENDS = ("local", "molt")
+ALGORITHMS = ("flashreinforce", "grpo")
+# The objective's choices (molt_flashreinforce.objective; a test keeps them equal). Repeated here
+# because importing the objective imports torch, which would take longer than the whole check.
+GATE_LEVELS = ("sequence", "token")
+GATE_MEANS = ("arithmetic", "geometric")
+FLASHREINFORCE_REDUCTIONS = ("sample_mean", "token_mean", "constant_length")
+GRPO_REDUCTIONS = ("token_mean",)
+CONFIG_MODULE = "molt_flashreinforce.conf"
+CONFIG_NAME = "config"
+
+
+def _closest(word: str, candidates: Iterable[str], count: int = 3) -> list[str]:
+    return difflib.get_close_matches(word, list(candidates), n=count, cutoff=0.7)
+
+
+def _did_you_mean(word: str, candidates: Iterable[str], render=lambda c: c) -> str:
+    close = _closest(word, candidates)
+    return f"; did you mean {' or '.join(render(c) for c in close)}?" if close else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line, before Hydra composes it.
+
+
+def _dotted_keys(node: Any, prefix: str = "") -> list[str]:
+    keys = []
+    if isinstance(node, dict):
+        for name, value in node.items():
+            key = f"{prefix}{name}"
+            keys.append(key)
+            keys += _dotted_keys(value, f"{key}.")
+    return keys
+
+
+def _group_combinations(group_overrides: list) -> list[list[str]]:
+    """Every combination of the config-group choices a sweep makes."""
+    choices = []
+    for override in group_overrides:
+        if override.is_sweep_override():
+            key = override.get_key_element()
+            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+        else:
+            choices.append([override.input_line])
+    return [list(combination) for combination in itertools.product(*choices)]
+
+
+def _first_value(override) -> str:
+    """A swept `key=a,b` as `key=a`: each job composes one value, and the keys are what is checked."""
+    if not override.is_sweep_override():
+        return override.input_line
+    return f"{override.get_key_element()}={next(iter(override.sweep_string_iterator()))}"
+
+
+def _unknown_key_message(full_key: str, given: str, composed: dict, groups: list[str]) -> str:
+    parent, _, name = full_key.rpartition(".")
+    known = _dotted_keys(composed)
+    siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
+    close = [f"{parent}.{leaf}" if parent else leaf for leaf in _closest(name, siblings)] or _closest(full_key, known, 2)
+    if close:
+        hint = f"; did you mean {' or '.join(close)}?"
+    elif siblings:
+        hint = f"; {parent or 'the top level'} has: {', '.join(siblings)}"
+    else:
+        hint = ""
+    where = f" (with {' '.join(groups)})" if groups else ""
+    return f"{given}: {full_key} is not a key of the config{where}{hint}"
+
+
+def check_overrides(overrides: list[str], multirun: bool = False) -> None:
+    """Refuse unknown keys and unknown config-group options with the closest names."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException:
+        return  # Hydra's own message quotes the malformed override
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        from hydra.core.global_hydra import GlobalHydra
+
+        loader = GlobalHydra.instance().config_loader()
+        top_groups = set(loader.list_groups(""))
+        is_group = [o.key_or_group in top_groups or "/" in o.key_or_group for o in parsed]
+        group_overrides = [o for o, group in zip(parsed, is_group) if group]
+        # hydra.* settings shape the run, not the job's config: Hydra checks them itself.
+        value_overrides = [o for o, group in zip(parsed, is_group) if not group and not o.key_or_group.startswith("hydra.")]
+        combinations = _group_combinations(group_overrides) if multirun else [[o.input_line for o in group_overrides]]
+        for groups in combinations:
+            try:
+                compose(config_name=CONFIG_NAME, overrides=groups + [_first_value(o) for o in value_overrides])
+            except MissingConfigException as error:
+                _refuse_missing_option(error, parsed, loader)
+                return
+            except ConfigCompositionException as error:
+                if "You must specify 'experiment'" in str(error):
+                    raise LaunchError(missing_experiment_message()) from None
+                full_key = getattr(error.__cause__, "full_key", None)
+                if not full_key or "is not in struct" not in str(error.__cause__):
+                    return
+                given = next((o.input_line for o in value_overrides if o.key_or_group == full_key), full_key)
+                composed = OmegaConf.to_container(
+                    compose(config_name=CONFIG_NAME, overrides=groups), resolve=False)
+                raise LaunchError(_unknown_key_message(full_key, given, composed, groups if multirun and len(combinations) > 1 else [])) from None
+
+
+def _refuse_missing_option(error, parsed: list, loader) -> None:
+    missing = str(getattr(error, "missing_cfg_file", "") or "")
+    group, _, option = missing.rpartition("/")
+    if not group:
+        return
+    override = next((o for o in parsed if o.key_or_group == group), None)
+    given = override.input_line if override is not None else f"{group}={option}"
+    if option == "???":
+        return
+    options = sorted(loader.get_group_options(group))
+    if not options:
+        return
+    hint = _did_you_mean(option, options, render=lambda c: f"{group}={c}")
+    raise LaunchError(f"{given}: {group} has no option {option!r}{hint} (options: {', '.join(options)})")
+
+
+def missing_experiment_message() -> str:
+    from importlib import resources
+
+    folder = resources.files(CONFIG_MODULE) / "experiment"
+    names = sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return f"experiment is not set; pass experiment=<name>, one of: {', '.join(names)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The composed config.
+
+
+def _number(key: str, value: Any, fix: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise LaunchError(f"{key}={value} is not a number; {fix}")
+    return float(value)
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        hint = _did_you_mean(str(value), choices, render=lambda c: f"{key}={c}")
+        raise LaunchError(f"{key}={value} is not one of {', '.join(choices)}{hint}")
+
+
+def _boolean(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise LaunchError(f"{key}={value} must be true or false")
+
+
+def _integer(key: str, value: Any, minimum: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise LaunchError(f"{key}={value} must be an integer >= {minimum}; {fix}")
+
+
+def _check_flashreinforce(algo: DictConfig) -> None:
+    delta = _number("algo.delta", algo.delta, "use a bound >= 0 such as algo.delta=3e-3, or algo.delta=inf to "
+                    "disable the trust region")
+    if math.isnan(delta) or delta < 0:
+        raise LaunchError(f"algo.delta={algo.delta} must be >= 0 (a trust-region bound on a KL); use algo.delta=inf "
+                          "to disable the trust region")
+    _choice("algo.gate_level", algo.gate_level, GATE_LEVELS)
+    _choice("algo.gate_mean", algo.gate_mean, GATE_MEANS)
+    if algo.gate_level == "token" and algo.gate_mean != "arithmetic":
+        raise LaunchError(f"algo.gate_mean={algo.gate_mean} needs algo.gate_level=sequence (the token gate compares "
+                          "each token's KL with delta directly); drop algo.gate_mean or use algo.gate_level=sequence")
+    _choice("algo.reduction", algo.reduction, FLASHREINFORCE_REDUCTIONS)
+    if algo.reduction == "constant_length":
+        _integer("algo.constant_length", algo.constant_length, 1,
+                 "algo.reduction=constant_length needs it (the paper's tool variant uses 6144)")
+    elif algo.constant_length is not None:
+        raise LaunchError(f"algo.constant_length={algo.constant_length} is only used by algo.reduction=constant_length; "
+                          f"remove it or set algo.reduction=constant_length")
+    _boolean("algo.importance_sampling", algo.importance_sampling)
+    q = _number("algo.entropy_filter_q", algo.entropy_filter_q, "use a fraction in [0, 1] (1 = filter off)")
+    if not 0.0 <= q <= 1.0:
+        raise LaunchError(f"algo.entropy_filter_q={algo.entropy_filter_q} must lie in [0, 1] (1 = filter off)")
+    _integer("algo.group_size", algo.group_size, 1, "FlashREINFORCE uses algo.group_size=1")
+
+
+def _check_grpo(algo: DictConfig) -> None:
+    _integer("algo.group_size", algo.group_size, 2, "GRPO's group baseline needs several samples per prompt, "
+             "e.g. algo.group_size=4")
+    clip = _number("algo.clip_eps", algo.clip_eps, "the paper uses algo.clip_eps=0.2")
+    if not 0 < clip < 1:
+        raise LaunchError(f"algo.clip_eps={algo.clip_eps} must lie in (0, 1); the paper uses algo.clip_eps=0.2")
+    _choice("algo.reduction", algo.reduction, GRPO_REDUCTIONS)
+
+
+def _check_local(cfg: DictConfig) -> None:
+    from molt_flashreinforce.local.config import LocalConfig, LocalConfigError
+
+    try:
+        local = LocalConfig.from_node(cfg.get("local"))
+    except LocalConfigError as error:
+        raise LaunchError(str(error)) from None
+    if local.rollouts_per_step % cfg.algo.group_size:
+        raise LaunchError(
+            f"local.rollouts_per_step={local.rollouts_per_step} is not a multiple of algo.group_size="
+            f"{cfg.algo.group_size} (each prompt gets a whole group); set local.rollouts_per_step to a multiple of it")
+
+
+def _check_rehearsal(cfg: DictConfig) -> None:
+    rehearsal = cfg.rehearsal
+    if rehearsal.mode is None:
+        return
+    if rehearsal.mode != "cpu":
+        raise LaunchError(f"rehearsal.mode={rehearsal.mode} is unknown; use rehearsal=cpu, or leave it unset for a GPU launch")
+    if cfg.backend != "molt":
+        raise LaunchError(f"rehearsal=cpu rehearses a Molt (GPU) job, but backend={cfg.backend}; "
+                          "experiment=tiny already runs on the CPU: drop rehearsal=cpu")
+    _boolean("rehearsal.resume", rehearsal.resume)
+    for key, fix in (("steps", "e.g. rehearsal.steps=4"), ("trajectories_per_step", "e.g. rehearsal.trajectories_per_step=8"),
+                     ("max_new_tokens", "e.g. rehearsal.max_new_tokens=24"), ("max_turns", "e.g. rehearsal.max_turns=3")):
+        _integer(f"rehearsal.{key}", rehearsal[key], 1, fix)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise `LaunchError` for the first bad value of a composed config; return None when it is fine."""
+    _choice("backend", cfg.backend, BACKENDS)
+    _check_rehearsal(cfg)
+    _boolean("dry_run", cfg.dry_run)
+    _integer("seed", cfg.seed, 0, "use a non-negative integer such as seed=0")
+    _choice("algo.name", cfg.algo.name, ALGORITHMS)
+    (_check_flashreinforce if cfg.algo.name == "flashreinforce" else _check_grpo)(cfg.algo)
+    if cfg.backend == "local":
+        _check_local(cfg)
+    else:
+        from molt_flashreinforce.launch.checks import check_config
+
+        check_config(cfg)
