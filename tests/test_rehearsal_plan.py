@@ -50,7 +50,7 @@ def test_only_cpu_needs_change_and_the_context_stays(tmp_path):
     changed, _ = rehearsed(cfg, tmp_path)
     assert "molt.data.max_len" not in changed and not any(key.startswith("algo.") for key in changed)
     assert changed["agent.max_turns"] == 3 and changed["molt.rollout.max_new_tokens"] == 24
-    assert changed["molt.data.max_samples"] == 4 * 8
+    assert changed["molt.data.max_samples"] == 4 * 4  # 4 steps x its 4 games a step
 
 
 @pytest.mark.parametrize("experiment", ["python_tool_qwen2p5_7b", "long_horizon_r1_distill_1p5b"])
