@@ -95,3 +95,16 @@ def test_check_context_accepts_an_unknown_model_and_a_fitting_length():
     checks.check_context(cfg, 9216)
     with pytest.raises(LaunchError, match=r"molt.data.max_len=9216 exceeds the model's context of 9215 positions"):
         checks.check_context(cfg, 9215, "a test")
+
+
+def test_moe_experiment_exports_thinking_disabled_to_every_worker(tmp_path):
+    job = prepare_molt_job(compose_job("experiment=moe_lag8_qwen3_30b_a3b"), tmp_path)
+    assert job.command.env["ENABLE_THINKING"] == "false"
+    assert "ENABLE_THINKING" in job.command.env["MOLT_FLASHREINFORCE_WORKER_ENV"].split(",")
+    python_tool = prepare_molt_job(compose_job("experiment=python_tool_qwen2p5_7b"), tmp_path / "tool")
+    assert "ENABLE_THINKING" not in python_tool.command.env
+
+
+def test_thinking_switch_on_an_agent_that_ignores_it_is_refused():
+    with pytest.raises(LaunchError, match="agent.enable_thinking=False is read only by the shipped python_tool agent"):
+        checks.check_config(compose_job("experiment=alfworld_qwen2p5_7b", "agent.enable_thinking=false"))

@@ -268,9 +268,12 @@ def render_command(
     _logger_flags(flags, cfg.logger, run_dir)
     _molt_node_flags(flags, cfg.molt, actions, cfg.algo.name)
 
-    worker_env = ["MAX_AGENT_TURNS", *cfg.agent.required_env]
+    agent_env = {"MAX_AGENT_TURNS": str(int(cfg.agent.max_turns))}
+    if cfg.agent.get("enable_thinking") is not None:
+        agent_env["ENABLE_THINKING"] = format_value(bool(cfg.agent.enable_thinking))
+    worker_env = [*agent_env, *cfg.agent.required_env]
     flags.command.env = {
-        "MAX_AGENT_TURNS": str(int(cfg.agent.max_turns)),
+        **agent_env,
         "RAY_USAGE_STATS_ENABLED": "0",
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "TOKENIZERS_PARALLELISM": "true",
