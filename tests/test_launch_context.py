@@ -108,3 +108,16 @@ def test_moe_experiment_exports_thinking_disabled_to_every_worker(tmp_path):
 def test_thinking_switch_on_an_agent_that_ignores_it_is_refused():
     with pytest.raises(LaunchError, match="agent.enable_thinking=False is read only by the shipped python_tool agent"):
         checks.check_config(compose_job("experiment=alfworld_qwen2p5_7b", "agent.enable_thinking=false"))
+
+
+def test_config_json_is_read_from_the_hugging_face_cache_offline(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    snapshot = tmp_path / "models--Qwen--Qwen2.5-Math-1.5B" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({"max_position_embeddings": 3000}))
+    (tmp_path / "models--Qwen--Qwen2.5-Math-1.5B" / "refs").mkdir()
+    (tmp_path / "models--Qwen--Qwen2.5-Math-1.5B" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    assert model_context.native_max_positions("Qwen/Qwen2.5-Math-1.5B") == (
+        3000, "Qwen/Qwen2.5-Math-1.5B's config.json")
