@@ -106,8 +106,10 @@ def test_moe_experiment_exports_thinking_disabled_to_every_worker(tmp_path):
 
 
 def test_thinking_switch_on_an_agent_that_ignores_it_is_refused():
-    with pytest.raises(LaunchError, match="agent.enable_thinking=False is read only by the shipped python_tool agent"):
+    with pytest.raises(LaunchError, match="agent.enable_thinking=False: the shipped alfworld agent ignores it"):
         checks.check_config(compose_job("experiment=alfworld_qwen2p5_7b", "agent.enable_thinking=false"))
+    # An agent file of one's own gets ENABLE_THINKING exported and may read it.
+    checks.check_config(compose_job("experiment=moe_lag8_qwen3_30b_a3b", "agent.path=my_agent.py"))
 
 
 def test_config_json_is_read_from_the_hugging_face_cache_offline(tmp_path, monkeypatch):

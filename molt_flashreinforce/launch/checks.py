@@ -145,9 +145,10 @@ def check_config(cfg: DictConfig) -> None:
     elif cfg.algo.group_size < 2:
         raise LaunchError(f"algo.group_size={cfg.algo.group_size}: GRPO's group baseline needs >= 2 samples per prompt.")
     _check_batches_and_placement(cfg)
-    if cfg.agent.get("enable_thinking") is not None and (cfg.agent.kind != "python_tool" or cfg.agent.path):
-        raise LaunchError(f"agent.enable_thinking={cfg.agent.enable_thinking} is read only by the shipped python_tool "
-                          f"agent (agent.kind={cfg.agent.kind}, agent.path={cfg.agent.path}); remove agent.enable_thinking.")
+    # An explicit agent.path may read ENABLE_THINKING itself; of the shipped agents only python_tool does.
+    if cfg.agent.get("enable_thinking") is not None and cfg.agent.kind != "python_tool" and not cfg.agent.path:
+        raise LaunchError(f"agent.enable_thinking={cfg.agent.enable_thinking}: the shipped {cfg.agent.kind} agent ignores "
+                          "it (only the python_tool agent reads it); remove agent.enable_thinking.")
     check_context(cfg, *model_max_positions(cfg))
 
 
