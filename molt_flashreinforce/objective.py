@@ -16,6 +16,12 @@ The math (paper defaults; each `FlashReinforceConfig` field is one of the paper'
     A_i   = R_i - mean_j R_j                    over the full batch, before any gating; detached
     d_it  = KL(Bern(p) || Bern(q)),  p = clamp(mu_it), q = clamp(pi_it) to [1e-6, 1 - 1e-6]
     m_i   = [ mean_{t in A_i} d_it <= delta ]   sequence trust region (inclusive)
+    gate_mean=geometric: (prod_{t in A_i} d_it)^(1/T_i) in place of the arithmetic mean, exactly:
+            it is 0 when any token's d_it is 0 (its two clamped probabilities agree), which
+            admits the row at any delta >= 0. That is the paper's statistic, the geometric mean
+            of the per-token proxy (its Table 16 ablation), taken literally; no floor decides it.
+    importance_sampling=False: rho = 1 and the gate is skipped (every row admitted), as in the
+            paper's no-IS ablation; the behaviour log-probs are still validated.
     rho   = exp(log pi - log mu)                detached, unclipped, only on admitted tokens
     L     = -(1/B) sum_i (1/T_i) sum_{t kept, m_i} rho_it * A_i * log pi_it
 
@@ -38,10 +44,6 @@ from typing import Any, Mapping
 import torch
 
 PROBABILITY_CLAMP = 1e-6  # Molt clamps both probabilities to [1e-6, 1 - 1e-6] before the binary KL.
-# The geometric gate mean needs log(d) and d is exactly 0 wherever both probabilities agree (or
-# are clamped together), so d is floored here first. Our choice: small enough that it never
-# decides a gate with delta >= 1e-9 on its own, documented with the ablation.
-GEOMETRIC_GATE_FLOOR = 1e-12
 # ceil(q * T) in floating point: 0.9 * 10 = 9.000000000000002 must keep 9 tokens, not 10.
 _CEIL_TOLERANCE = 1e-9
 
@@ -233,29 +235,19 @@ def _objective(log_probs, behavior_log_probs, advantages, mask, config, *, failu
     current = log_probs.to(dtype)
     # Non-policy slots are zeroed once so that NaN/inf padding never reaches exp() or log().
     current_safe = _policy_values("log_probs", current.detach(), mask)
-    if config.importance_sampling:
-        behavior = _policy_values("behavior_log_probs", behavior_log_probs.detach().to(dtype), mask)
-    else:
-        # The no-IS ablation: the denominator is the current policy itself, which makes every
-        # ratio 1 and every divergence 0, so the gate admits everything (as in the paper).
-        behavior = current_safe
-
-    token_kl = _bernoulli_kl(behavior, current_safe)
+    # Validated whether or not they are used, so a bad input never depends on the ablation.
+    behavior = _policy_values("behavior_log_probs", behavior_log_probs.detach().to(dtype), mask)
     counts = policy_tokens.to(dtype)
-    if config.gate_mean == "geometric":
-        log_kl = torch.where(mask, token_kl.clamp_min(GEOMETRIC_GATE_FLOOR).log(), 0.0)
-        sequence_kl = (log_kl.sum(dim=-1) / counts).exp()
+    if not config.importance_sampling:
+        # The no-IS ablation: the denominator is the current policy itself (every ratio 1), and
+        # the paper drops the gate with it, so it is skipped rather than evaluated at KL 0.
+        behavior = current_safe
+        admitted = torch.ones_like(policy_tokens, dtype=torch.bool)
+        active = mask
+        sequence_kl = torch.zeros_like(counts)
+        acceptance_rate = torch.ones((), dtype=dtype, device=counts.device)
     else:
-        sequence_kl = (torch.where(mask, token_kl, 0.0).sum(dim=-1) / counts).clamp_min(0.0)
-
-    if config.gate_level == "sequence":
-        admitted = sequence_kl <= config.delta
-        active = mask & admitted.unsqueeze(-1)
-        acceptance_rate = admitted.to(dtype).mean()
-    else:
-        active = mask & (token_kl <= config.delta)
-        admitted = (active == mask).all(dim=-1)
-        acceptance_rate = active.sum().to(dtype) / counts.sum()
+        admitted, active, sequence_kl, acceptance_rate = _trust_region(behavior, current_safe, mask, counts, config)
 
     if config.uses_entropy_filter:
         active = active & _entropy_filter_keep(mask, failures, entropies, config.entropy_filter_q, policy_tokens)
@@ -290,6 +282,25 @@ def _objective(log_probs, behavior_log_probs, advantages, mask, config, *, failu
     return FlashReinforceOutput(loss=loss, stats=stats, token_weights=token_weights)
 
 
+def _trust_region(behavior, current, mask, counts, config):
+    """(admitted [B], active [B, T], sequence_kl [B], acceptance_rate ()) of the KL gate."""
+    token_kl = _bernoulli_kl(behavior, current).clamp_min(0.0)  # rounding can make an exact 0 negative
+    if config.gate_mean == "geometric":
+        # log(0) = -inf makes the row's mean log -inf and its geometric mean exactly 0.
+        sequence_kl = (torch.where(mask, token_kl.log(), 0.0).sum(dim=-1) / counts).exp()
+    else:
+        sequence_kl = torch.where(mask, token_kl, 0.0).sum(dim=-1) / counts
+    if config.gate_level == "sequence":
+        admitted = sequence_kl <= config.delta
+        active = mask & admitted.unsqueeze(-1)
+        acceptance_rate = admitted.to(counts.dtype).mean()
+    else:
+        active = mask & (token_kl <= config.delta)
+        admitted = (active == mask).all(dim=-1)
+        acceptance_rate = active.sum().to(counts.dtype) / counts.sum()
+    return admitted, active, sequence_kl, acceptance_rate
+
+
 def _bernoulli_kl(behavior: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
     """KL(Bern(mu) || Bern(pi)) of the event "the sampled token", per position."""
     p = behavior.exp().clamp(PROBABILITY_CLAMP, 1 - PROBABILITY_CLAMP)
@@ -311,15 +322,17 @@ def _entropy_filter_keep(mask, failures, entropies, q, policy_tokens) -> torch.T
                          f"got {entropies.dtype} {tuple(entropies.shape)}")
     if failures.device != mask.device or entropies.device != mask.device:
         raise ValueError("failures and entropies must be on the same device as log_probs")
+    entropies = entropies.detach()
+    # Every policy token is checked, successful rows' included, so a broken entropy computation
+    # surfaces whatever the labels are; a NaN fails both comparisons of the min/max check.
+    low, high = torch.aminmax(torch.where(mask, entropies, 0.0))
+    if not (low > float("-inf") and high < float("inf")):
+        raise ValueError(f"entropies must be finite on policy tokens; row "
+                         f"{_first_bad_row(mask & ~torch.isfinite(entropies))} is not")
     failed_rows = failures.nonzero().squeeze(-1)
     if failed_rows.numel() == 0:
         return mask
-    rows_mask, scores = mask[failed_rows], entropies[failed_rows].detach()
-    # Only failed rows' entropies are read; a NaN fails both comparisons of the min/max check.
-    low, high = torch.aminmax(torch.where(rows_mask, scores, 0.0))
-    if not (low > float("-inf") and high < float("inf")):
-        bad_row = failed_rows[_first_bad_row(rows_mask & ~torch.isfinite(scores))]
-        raise ValueError(f"entropies must be finite on the policy tokens of failed rows; row {int(bad_row)} is not")
+    rows_mask, scores = mask[failed_rows], entropies[failed_rows]
 
     keep_count = torch.ceil(policy_tokens[failed_rows].to(torch.float64) * q - _CEIL_TOLERANCE).clamp_min(0).long()
     keep = mask.clone()

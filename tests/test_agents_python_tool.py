@@ -150,3 +150,39 @@ def test_bad_turn_limit_is_refused(monkeypatch):
 
     with pytest.raises(ValueError, match="MAX_AGENT_TURNS must be a positive integer, got 'zero'"):
         PythonToolEnv()
+
+
+def test_thinking_disabled_opens_every_assistant_turn_with_an_empty_think_block(tokenizer, monkeypatch):
+    """ENABLE_THINKING=false: each generation starts where Qwen3's chat template puts it under
+    enable_thinking=False, `<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n` (the block is
+    part of the masked prompt, never of the trained action)."""
+    monkeypatch.setenv("MAX_AGENT_TURNS", "10")
+    monkeypatch.setenv("ENABLE_THINKING", "false")
+    runner = load_agent_runner(agent_path("python_tool"))
+    actions = [call("print(6 * 7)"), "\\boxed{1066}<|im_end|>"]
+    trajectory, policy = harness.run_episode(runner, tokenizer, list(actions), LABEL, PROMPT)
+    qwen3_no_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert policy.prompts[0] == PROMPT.removesuffix("<|im_start|>assistant\n") + qwen3_no_think
+    assert policy.prompts[1].endswith("<|im_end|>\n" + qwen3_no_think)
+    assert policy.prompts[1].count("<think>") == 2
+    trained, masked, _ = harness.split_by_mask(trajectory, tokenizer)
+    assert trained == "".join(actions) and "<think>" not in trained
+    assert trajectory.reward == 1.0
+
+
+@pytest.mark.parametrize("value, thinks", [("true", True), (None, True)])
+def test_thinking_on_or_unset_leaves_the_template_default(tokenizer, monkeypatch, value, thinks):
+    monkeypatch.setenv("MAX_AGENT_TURNS", "10")
+    if value is None:
+        monkeypatch.delenv("ENABLE_THINKING", raising=False)
+    else:
+        monkeypatch.setenv("ENABLE_THINKING", value)
+    runner = load_agent_runner(agent_path("python_tool"))
+    _, policy = harness.run_episode(runner, tokenizer, [call("print(1)"), "\\boxed{1}<|im_end|>"], LABEL, PROMPT)
+    assert policy.prompts[0] == PROMPT and "<think>" not in policy.prompts[1]
+
+
+def test_bad_thinking_value_is_refused(tokenizer, monkeypatch):
+    monkeypatch.setenv("ENABLE_THINKING", "no")
+    with pytest.raises(ValueError, match="ENABLE_THINKING must be true or false"):
+        next_user_turn("x", "y")

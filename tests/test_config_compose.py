@@ -53,9 +53,11 @@ def test_every_experiment_composes_with_both_algos(experiment, algo):
 def test_math_grpo_gets_twice_the_rollouts_of_flashreinforce():
     flash = budget(compose_job("experiment=math_qwen2p5_1p5b"))
     grpo = budget(compose_job("experiment=math_qwen2p5_1p5b", "algo=grpo"))
-    # 34 passes x 7,500 = 255k ~ the paper's 256k; GRPO 17 x 7,500 x 4 = 510k ~ 512k.
-    assert flash["trajectories"] == 255_000 and grpo["trajectories"] == 510_000
-    assert flash["updates"] == 34 * 59 and grpo["updates"] == 17 * 235
+    # The paper's 68 passes = 4,012 updates [J:qwen_math]; its headline is read at 256k rollouts =
+    # update 2,000 of that run. GRPO 17 x 7,500 x 4 = 510k ~ the paper's 512k, twice 256k.
+    assert flash["updates"] == 68 * 59 == 4012 and 256_000 / 128 == 2000
+    assert flash["trajectories"] == 510_000 and grpo["trajectories"] == 510_000
+    assert grpo["updates"] == 17 * 235
 
 
 def test_tool_grpo_is_32x4_against_128x1_with_equal_trajectories():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
+from molt_flashreinforce.launch import model_context
 from molt_flashreinforce.launch.errors import LaunchError
 from molt_flashreinforce.launch.job import prepare_molt_job
 from molt_flashreinforce.launch.molt_cli import parse_and_validate
@@ -57,7 +58,8 @@ def test_flashreinforce_renders_the_recipe_and_plugin_flags(tmp_path, experiment
         "reduction": cfg.algo.reduction, "constant_length": None,
         "importance_sampling": cfg.algo.importance_sampling, "entropy_filter_q": cfg.algo.entropy_filter_q,
     }
-    assert args.actor.model_name_or_path == cfg.model.name_or_path
+    expected_model = model_context.extended_copy_path(cfg) or cfg.model.name_or_path
+    assert args.actor.model_name_or_path == str(expected_model)
     assert args.train.batch_size == args.rollout.batch_size
     assert args.logger.tensorboard_dir == str(tmp_path / "tensorboard")
     assert args.ckpt.path == str(tmp_path / "ckpt" / "state") and not args.ckpt.load_enable
@@ -209,15 +211,21 @@ def test_a_real_launch_refuses_what_a_dry_run_only_warns_about(tmp_path, monkeyp
         prepare(tmp_path / "real", *overrides, dry_run=False)
 
 
-def present_resources(tmp_path: Path, experiment: str) -> tuple[str, str]:
-    """Overrides pointing a real launch at datasets and an agent file that exist."""
+def present_resources(tmp_path: Path, experiment: str) -> tuple[str, ...]:
+    """Overrides pointing a real launch at datasets, an agent file and (where the experiment raises
+    the model's context) a context-extended model copy that exist; the copy holds only its config."""
     data = tmp_path / "data" / experiment
     row = {"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": "2"}}
     _write_jsonl(data / "train.jsonl", [row, row])
     _write_jsonl(data / "eval.jsonl", [row])
     agent = tmp_path / "agent.py"
     agent.write_text("AgentRunner = None\n")
-    return f"data.dir={tmp_path / 'data'}", f"agent.path={agent}"
+    copy = model_context.extended_copy_path(compose_job(f"experiment={experiment}", f"model.dir={tmp_path / 'models'}"))
+    if copy is not None:
+        copy.mkdir(parents=True, exist_ok=True)
+        positions = int(copy.name.rsplit("-ctx", 1)[1])
+        (copy / "config.json").write_text(json.dumps({"max_position_embeddings": positions}))
+    return f"data.dir={tmp_path / 'data'}", f"agent.path={agent}", f"model.dir={tmp_path / 'models'}"
 
 
 def test_a_real_launch_with_everything_present_passes(tmp_path):

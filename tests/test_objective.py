@@ -177,10 +177,14 @@ def test_geometric_gate_mean_is_exp_of_mean_log_kl():
     pi = torch.tensor([[0.25, 0.5, 0.6]], dtype=F64)
     current = leaf(pi.log().tolist())
     per_token = mu * (mu / pi).log() + (1 - mu) * ((1 - mu) / (1 - pi)).log()
-    floored = per_token.clamp_min(1e-12)  # the middle token's KL is exactly 0
+    assert per_token[0, 1].item() == 0.0  # the middle token's probabilities agree
     out = flashreinforce_loss(current, mu.log(), torch.tensor([1.0], dtype=F64), torch.ones(1, 3, dtype=torch.bool),
-                              FlashReinforceConfig(delta=INF, gate_mean="geometric"))
-    assert out.stats.sequence_kl.item() == pytest.approx(floored.log().mean().exp().item(), rel=1e-9)
+                              FlashReinforceConfig(delta=0.0, gate_mean="geometric"))
+    # The exact geometric mean of (d_0, 0, d_2) is 0: the row passes even delta = 0.
+    assert out.stats.sequence_kl.item() == 0.0 and out.stats.admitted.tolist() == [True]
+    edges = flashreinforce_loss(current[:, ::2], mu.log()[:, ::2], torch.tensor([1.0], dtype=F64),
+                                torch.ones(1, 2, dtype=torch.bool), FlashReinforceConfig(delta=INF, gate_mean="geometric"))
+    assert edges.stats.sequence_kl.item() == pytest.approx(math.sqrt(per_token[0, 0] * per_token[0, 2]), rel=1e-12)
     arithmetic = flashreinforce_loss(current, mu.log(), torch.tensor([1.0], dtype=F64),
                                      torch.ones(1, 3, dtype=torch.bool), FlashReinforceConfig(delta=INF))
     assert arithmetic.stats.sequence_kl.item() == pytest.approx(per_token.mean().item(), rel=1e-12)
@@ -319,11 +323,14 @@ def literal_transcription(current, behavior, rewards, mask, config, failures, en
             q = min(max(math.exp(current[i][t]), 1e-6), 1 - 1e-6)
             return p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
 
-        if config.gate_level == "sequence":
+        if not config.importance_sampling:
+            admitted = set(tokens)  # no-IS has no gate
+        elif config.gate_level == "sequence":
+            kls = [max(kl(t), 0.0) for t in tokens]
             if config.gate_mean == "arithmetic":
-                row_kl = max(0.0, sum(kl(t) for t in tokens) / len(tokens))
+                row_kl = sum(kls) / len(tokens)
             else:
-                row_kl = math.exp(sum(math.log(max(kl(t), 1e-12)) for t in tokens) / len(tokens))
+                row_kl = 0.0 if min(kls) == 0.0 else math.exp(sum(math.log(d) for d in kls) / len(tokens))
             admitted = {t for t in tokens if row_kl <= config.delta}
         else:
             admitted = {t for t in tokens if kl(t) <= config.delta}

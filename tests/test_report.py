@@ -187,21 +187,28 @@ def test_r1_curve_final_and_infinite_delta_arm(tmp_path, capsys):
 
 def test_math_budget_peak_and_rejection_rate(tmp_path, capsys):
     five = ("math500", "amc23", "minerva", "aime25", "olympiadbench")
-    evals = {metrics.eval_pass1(ds): {s: 0.3 + (0.08 if s == 1500 else 0.0) for s in range(0, 4001, 100)} for ds in five}
-    train = {metrics.ROLLOUTS_CONSUMED: {s: 128.0 * s for s in range(1, 4001)},
+    # The 68-pass run: 4,012 updates, eval every 100 (the last at 4,000), a late eval past the
+    # run's end (step 4,100) that the end row must not read.
+    evals = {metrics.eval_pass1(ds): {s: 0.3 + (0.08 if s == 1500 else 0.0) + (0.01 if s == 4000 else 0.0)
+                                      + (0.5 if s == 4100 else 0.0) for s in range(0, 4101, 100)} for ds in five}
+    train = {metrics.ROLLOUTS_CONSUMED: {s: 128.0 * s for s in range(1, 4013)},
              # no train/is_filter_ratio: the rejection rate comes from 1 - acceptance rate
-             metrics.ACCEPTANCE_RATE: {s: (0.99 if s % 2 else 1.0) for s in range(1, 4001)}}
+             metrics.ACCEPTANCE_RATE: {s: (0.99 if s % 2 else 1.0) for s in range(1, 4013)}}
     run = make_run(tmp_path / "flash", {"experiment_name": "math_qwen2p5_1p5b", "algo": {"name": "flashreinforce"}},
                    {**evals, **train})
     status, out, err = report(capsys, run, "--format", "csv")
     assert status == 0, err
     rows = csv_rows(out)
+    # The headline comes first: the evaluation at 256k rollouts, then the run's peak and its end.
+    assert [row["row"] for row in rows][:3] == ["budget_256k", "peak_4000", "end_4012"]
     budget = only(rows, row="budget_256k")  # 256,000 / 128 = step 2,000, an eval step
     assert (int(budget["step_used"]), float(budget["rollouts"]), float(budget["paper"])) == (2000, 256000.0, 38.0)
     assert float(budget["this_run"]) == pytest.approx(30.0)
     assert int(only(rows, row="budget_512k")["step_used"]) == 4000
     peak = only(rows, row="peak_4000")
     assert (int(peak["step_used"]), float(peak["this_run"])) == (1500, pytest.approx(38.0))
+    end = only(rows, row="end_4012")
+    assert (int(end["step_used"]), float(end["this_run"]), end["paper"]) == (4000, pytest.approx(31.0), "")
     rejection = only(rows, row="rejection")
     assert float(rejection["this_run"]) == pytest.approx(0.5)  # half the steps reject 1 %
     assert float(rejection["paper"]) == 0.13

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from molt.agents import Env, Result
 
-from molt_flashreinforce.agents.chatml import next_user_turn
+from molt_flashreinforce.agents.chatml import next_user_turn, open_first_turn
 from molt_flashreinforce.agents.grading import grade_async
 from molt_flashreinforce.agents.labels import ground_truth
 from molt_flashreinforce.agents.python_tool_protocol import parse_tool_calls, tool_response
@@ -50,6 +50,9 @@ class PythonToolEnv(Env):
         }
         info.update(final)
         return info
+
+    async def reset(self, state: dict, **kwargs) -> dict:
+        return {**state, "observation": open_first_turn(state["observation"])}
 
     async def step(self, state: dict, **kwargs) -> Result:
         self.turns += 1

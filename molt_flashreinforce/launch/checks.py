@@ -1,7 +1,10 @@
 """Fail-fast checks that run before any Ray or GPU work.
 
 * `check_config(cfg)`: combinations that are wrong on any machine (raises `LaunchError`). Some of
-  them Molt would catch only on the GPU actors, some never.
+  them Molt would catch only on the GPU actors, some never. It includes `check_context`.
+* `check_context(cfg, model_max_positions, source)`: `molt.data.max_len` (Molt's context budget,
+  which vLLM gets as max_model_len) against the context of the model Molt will load;
+  `model_max_positions(cfg)` finds that context offline (see `model_context`).
 * `resolve_agent_file(cfg)`: the agent file a launch uses, or a problem describing why it is missing.
 * `missing_resources(cfg, agent_problem)`: what a real launch still needs (model directory,
   datasets, agent file, environment variables). A dry run prints these as warnings, a real launch
@@ -17,10 +20,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from molt_flashreinforce.launch import model_context
 from molt_flashreinforce.launch.errors import LaunchError
 
 # How many JSONL rows are parsed to check a dataset's shape (the whole file is not read).
 DATASET_ROWS_CHECKED = 64
+MOLT_DEFAULT_MAX_LEN = 2048  # Molt's --data.max_len default
 
 
 def _molt_value(cfg: DictConfig, dotted: str, default=None):
@@ -99,6 +104,38 @@ def _check_batches_and_placement(cfg: DictConfig) -> None:
         )
 
 
+def model_max_positions(cfg: DictConfig) -> tuple[int | None, str]:
+    """(context of the model Molt will load, where it was read). With model.max_position_embeddings
+    set that is the extended copy: its config.json once written, else the requested value."""
+    name = str(cfg.model.name_or_path)
+    native, source = model_context.native_max_positions(name)
+    override = cfg.model.get("max_position_embeddings")
+    if override is None:
+        return native, source
+    if native is not None and int(override) < native:
+        raise LaunchError(f"model.max_position_embeddings={override} is below {native}, the context of {source}; "
+                          "remove model.max_position_embeddings.")
+    copy = model_context.extended_copy_path(cfg)
+    written = model_context.config_max_positions(str(copy))
+    if written is not None:
+        return written, f"{copy}/config.json"
+    return int(override), "model.max_position_embeddings"
+
+
+def check_context(cfg: DictConfig, model_max_positions: int | None, source: str = "the model's config") -> None:
+    """Raise `LaunchError` when molt.data.max_len exceeds the model's context (None: unknown, no check)."""
+    max_len = int(_molt_value(cfg, "data.max_len", MOLT_DEFAULT_MAX_LEN))
+    if model_max_positions is None or max_len <= model_max_positions:
+        return
+    if cfg.model.get("max_position_embeddings") is None:
+        fix = (f"set model.max_position_embeddings={max_len} (a copy of the model whose config allows it) "
+               "or lower molt.data.max_len")
+    else:
+        fix = f"raise model.max_position_embeddings to {max_len} or lower molt.data.max_len"
+    raise LaunchError(f"molt.data.max_len={max_len} exceeds the model's context of {model_max_positions} positions "
+                      f"({source}), so vLLM refuses max_model_len={max_len}: {fix}.")
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise `LaunchError` for any combination that cannot be right, whatever the machine."""
     if cfg.model.name_or_path is None:
@@ -108,6 +145,11 @@ def check_config(cfg: DictConfig) -> None:
     elif cfg.algo.group_size < 2:
         raise LaunchError(f"algo.group_size={cfg.algo.group_size}: GRPO's group baseline needs >= 2 samples per prompt.")
     _check_batches_and_placement(cfg)
+    # An explicit agent.path may read ENABLE_THINKING itself; of the shipped agents only python_tool does.
+    if cfg.agent.get("enable_thinking") is not None and cfg.agent.kind != "python_tool" and not cfg.agent.path:
+        raise LaunchError(f"agent.enable_thinking={cfg.agent.enable_thinking}: the shipped {cfg.agent.kind} agent ignores "
+                          "it (only the python_tool agent reads it); remove agent.enable_thinking.")
+    check_context(cfg, *model_max_positions(cfg))
 
 
 def resolve_agent_file(cfg: DictConfig) -> tuple[str, str | None]:
@@ -170,6 +212,13 @@ def missing_resources(cfg: DictConfig, agent_problem: str | None) -> list[str]:
     model = str(cfg.model.name_or_path)
     if model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
         problems.append(f"model.name_or_path={model} is not a directory")
+    copy = model_context.extended_copy_path(cfg)
+    if copy is not None and model_context.config_max_positions(str(copy)) is None:
+        positions = cfg.model.max_position_embeddings
+        problems.append(
+            f"{copy} (the copy of {model} with model.max_position_embeddings={positions}) does not exist; write it "
+            f"with `python -m molt_flashreinforce.launch.model_context {model} --max-position-embeddings {positions} "
+            f"--out {cfg.model.dir}`")
     input_key = _molt_value(cfg, "data.input_key", "input")
     label_key = _molt_value(cfg, "data.label_key")
     for key in ("data.train", "data.eval"):

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from molt_flashreinforce.launch.errors import LaunchError
+from molt_flashreinforce.launch.model_context import extended_copy_path
 
 MOLT_ENTRY_MODULE = "molt_flashreinforce.launch.molt_main"
 # Environment variables molt_main forwards to every Ray worker (comma-separated names).
@@ -241,7 +242,10 @@ def render_command(
 ) -> MoltCommand:
     """The Molt command for one job. `agent_file` is the resolved agent path; `resume` adds --ckpt.load_enable."""
     flags = _Flags()
-    flags.add("actor.model_name_or_path", "model.name_or_path", cfg.model.name_or_path)
+    # A model whose context is raised is loaded from the copy whose config.json allows it.
+    extended = extended_copy_path(cfg)
+    flags.add("actor.model_name_or_path", "model.name_or_path and model.max_position_embeddings",
+              cfg.model.name_or_path if extended is None else str(extended))
     if cfg.data.train is not None:
         flags.add("data.prompt_dataset", "data.train", cfg.data.train)
     else:
@@ -264,9 +268,12 @@ def render_command(
     _logger_flags(flags, cfg.logger, run_dir)
     _molt_node_flags(flags, cfg.molt, actions, cfg.algo.name)
 
-    worker_env = ["MAX_AGENT_TURNS", *cfg.agent.required_env]
+    agent_env = {"MAX_AGENT_TURNS": str(int(cfg.agent.max_turns))}
+    if cfg.agent.get("enable_thinking") is not None:
+        agent_env["ENABLE_THINKING"] = format_value(bool(cfg.agent.enable_thinking))
+    worker_env = [*agent_env, *cfg.agent.required_env]
     flags.command.env = {
-        "MAX_AGENT_TURNS": str(int(cfg.agent.max_turns)),
+        **agent_env,
         "RAY_USAGE_STATS_ENABLED": "0",
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "TOKENIZERS_PARALLELISM": "true",

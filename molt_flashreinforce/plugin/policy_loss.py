@@ -34,8 +34,11 @@ LOSS_NAME = "flashreinforce"
 
 
 def flashreinforce_surrogate(ratio, advantages, log_probs, action_mask, **_):
-    """REINFORCE through log pi, weighted by the detached, unclipped policy ratio."""
+    """REINFORCE through log pi, weighted by the detached, unclipped policy ratio. Non-policy slots
+    are zeroed before Molt's masked sum, where NaN or -inf padding would survive 0 * x."""
     loss = -ratio.detach() * advantages * log_probs
+    if action_mask is not None:
+        loss = torch.where(action_mask.bool(), loss, 0.0)
     return loss, torch.zeros((), device=loss.device)
 
 
@@ -56,6 +59,14 @@ class FlashReinforcePolicyLoss(PolicyLoss):
                 f"--algo.advantage.is_correction_threshold {threshold[-1]} disagrees with the FlashREINFORCE delta "
                 f"{config.delta}: the trust region is configured twice. Set only algo.delta (the launcher renders "
                 "the Molt threshold from it)."
+            )
+        if self.loss_agg_mode == "token-mean" and config.reduction != "token_mean":
+            # Molt's PolicyTrainer passes the window's sequence count only for the seq-mean modes
+            # (global_batch_size=None under token-mean), and the micro-batch is not the batch.
+            raise ValueError(
+                f"--actor.loss_agg_mode token-mean gives FlashREINFORCE no batch size, which reduction="
+                f"{config.reduction} divides by; use --actor.loss_agg_mode seq-mean-token-mean (the launcher "
+                "renders it) and choose the reduction with algo.reduction / --flashreinforce.reduction."
             )
         self.config = config
         self.bound_experience = None  # set by the patched PolicyTrainer.training_step
