@@ -33,6 +33,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from molt_flashreinforce import metrics
+from molt_flashreinforce.launch import model_context
 from molt_flashreinforce.launch.errors import LaunchError
 
 DRIVER_MODULE = "molt_flashreinforce.rehearsal.driver"
@@ -118,6 +119,7 @@ def rehearsal_overrides(cfg: DictConfig, model_dir: Path, data_dir: Path, total_
     micro_batch = max(1, trajectories // (2 * expert_parallel))  # two micro-batches: accumulation runs
     overrides: dict[str, object] = {
         "model.name_or_path": str(model_dir),
+        "model.dir": str(model_dir.parent / "models"),
         "data.dir": str(data_dir),
         "placement.actor.nodes": 1,
         "placement.actor.gpus_per_node": expert_parallel,
@@ -236,10 +238,13 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
     phases["model and data"] = time.monotonic() - started
 
     started = time.monotonic()
-    rehearsed = cfg.copy()
+    rehearsed = cfg.copy()  # with the tiny model's own context: the same checks as the real model's
     OmegaConf.set_struct(rehearsed, False)
     for key, value in rehearsal_overrides(cfg, model_dir, data_dir, total).items():
         _set(rehearsed, key, value)
+    copy = model_context.extended_copy_path(rehearsed)
+    if copy is not None and not copy.is_dir():  # the step a GPU user runs once (docs/launch.md)
+        model_context.write_extended_copy(str(model_dir), int(rehearsed.model.max_position_embeddings), copy)
     os.environ.update(data_env)  # e.g. ALFWORLD_DATA: checked and forwarded to every worker like a user's export
     job = prepare_molt_job(rehearsed, run_dir)
     phases["validation"] = time.monotonic() - started
