@@ -60,3 +60,20 @@ def test_rehearsed_flags_pass_molts_parser_and_validation(tmp_path, experiment):
     argv = job.command.argv(missing="x")
     assert argv[argv.index("--fsdp.attn_implementation") + 1] == "sdpa"
     assert argv[argv.index("--rollout.batch_size") + 1] == "8"
+
+
+def test_a_rehearsal_refuses_what_the_real_model_refuses(tmp_path):
+    """Without the paper's context-extended copy, Qwen2.5-Math-1.5B (4,096 positions) cannot take
+    the math experiment's 6,144-token max_len: the rehearsal says so before any work, as a GPU
+    launch does."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "molt_flashreinforce", "experiment=math_qwen2p5_1p5b", "rehearsal=cpu",
+         "model.max_position_embeddings=null", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert "molt.data.max_len=6144 exceeds the model's context of 4096 positions" in done.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,6 +1,6 @@
 """Collect rehearsal summaries into experiments/rehearsal/results.{json,md}.
 
-    python experiments/rehearsal/collect.py RUN_DIR [RUN_DIR ...]
+    python experiments/rehearsal/collect.py [--note TEXT] RUN_DIR [RUN_DIR ...]
 
 Each RUN_DIR is a `rehearsal=cpu` run directory (it holds rehearsal/summary.json). The table
 gives what docs/rehearsal.md and the README quote: steps, lag, acceptance, reward, vllm_kl at
@@ -9,16 +9,16 @@ step 1, weight checks and wall time per phase, with the machine it was measured 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
 
 
-def main(run_dirs: list[str]) -> None:
+def main(run_dirs: list[str], note: str = "") -> None:
     rows = []
     for run_dir in run_dirs:
         summary = json.loads((Path(run_dir) / "rehearsal" / "summary.json").read_text())
@@ -28,18 +28,21 @@ def main(run_dirs: list[str]) -> None:
             | {"weight_checks_landed": sum("landed on every" in line for line in summary["weight_checks"]),
                "wall_s": round(sum(summary["phases_s"].values()), 1)})
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    (HERE / "results.json").write_text(json.dumps({"machine": machine, "rehearsals": rows}, indent=1) + "\n")
+    (HERE / "results.json").write_text(json.dumps({"machine": machine, "note": note, "rehearsals": rows}, indent=1) + "\n")
 
     def fmt(value):
         return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
-    lines = [f"Measured on {machine} (`python experiments/rehearsal/collect.py` over the run directories).", "",
-             "| experiment | algo | steps | lag mean / max | acceptance | reward | vllm_kl step 1 | refits checked | wall s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Measured on {machine}{f', {note}' if note else ''} (`python experiments/rehearsal/collect.py` "
+             "over the run directories).", "",
+             "| experiment | algo | steps | lag mean / max | spanning a refit | acceptance | reward | vllm_kl step 1 "
+             "| refits checked | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         steps = f"{row['steps']}" + (f" (resumed at {row['resumed_from_step']})" if row["resumed_from_step"] else "")
         lines.append(
             f"| {row['experiment']} | {row['algo']} | {steps} | {fmt(row['policy_lag_mean'])} / {fmt(row['policy_lag_max'])} "
+            f"| {fmt(row['versions_mixed_fraction'])} "
             f"| {fmt(row['acceptance_rate'])} | {fmt(row['reward_mean'])} | {fmt(row['vllm_kl_first_step'])} "
             f"| {row['weight_checks_landed']}/{row['steps']} | {row['wall_s']} |"
         )
@@ -47,4 +50,8 @@ def main(run_dirs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", nargs="+")
+    parser.add_argument("--note", default="", help="what else ran on the machine meanwhile")
+    options = parser.parse_args()
+    main(options.run_dirs, options.note)
