@@ -82,8 +82,8 @@ def test_keyrings_are_fresh_per_call_and_out_of_reach():
         assert description not in result.stdout and "hunter2" not in result.stdout
 
 
-def test_a_deep_directory_tree_is_cleaned_up():
-    before = set(os.listdir(tempfile.gettempdir()))
+def test_a_deep_directory_tree_is_cleaned_up(monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     code = (
         "import os\n"
         "for _ in range(1100):\n"
@@ -93,7 +93,7 @@ def test_a_deep_directory_tree_is_cleaned_up():
     )
     result = run_python(code, FAST)
     assert result.ok and result.stdout.startswith("deep "), result
-    assert set(os.listdir(tempfile.gettempdir())) == before  # scratch was never on the host disk
+    assert os.listdir(tmp_path) == []  # scratch was never on the host disk
 
 
 def test_the_fallback_scratch_removal_handles_deep_trees(tmp_path):
@@ -185,14 +185,14 @@ def test_forging_the_setup_marker_is_just_a_program_exit():
     assert "exited with status 125" in result.observation(200)
 
 
-def test_a_lone_surrogate_in_the_code_returns_a_result_and_leaks_nothing():
-    before = set(os.listdir(tempfile.gettempdir()))
+def test_a_lone_surrogate_in_the_code_returns_a_result_and_leaks_nothing(monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     result = run_python('s = "\ud800"\nprint(len(s), repr(s))\nx = \ud800\n', FAST)
     assert result.sandbox_error is None and result.exit_code == 1
     assert "SyntaxError" in result.stderr
     ok = run_python('print(len("\ud800"))', FAST)
     assert ok.stdout == "1\n"  # inside a string literal the escaped surrogate means the same
-    assert set(os.listdir(tempfile.gettempdir())) == before
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_real_setup_failure_is_reported_not_raised(monkeypatch):
