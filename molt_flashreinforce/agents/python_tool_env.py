@@ -80,9 +80,8 @@ class PythonToolEnv(Env):
         for index, call in enumerate(calls):
             if index >= MAX_CALLS_PER_TURN:
                 self.invalid_tool_calls += 1
-                responses.append(
-                    tool_response(f"Error: not run; at most {MAX_CALLS_PER_TURN} tool calls per turn.", self.output_markers)
-                )
+                refusal = f"Error: not run; at most {MAX_CALLS_PER_TURN} tool calls per turn."
+                responses.append(tool_response(refusal, self.output_markers))
                 continue
             if call.code is None:
                 self.invalid_tool_calls += 1

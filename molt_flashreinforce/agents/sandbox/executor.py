@@ -182,12 +182,13 @@ def _run(machine: _Machine, code: str, limits: SandboxLimits, start: float) -> E
             fds.append(code_fd)
             seccomp_fd = _memfd("seccomp", machine.seccomp_bpf)
             fds.append(seccomp_fd)
-            shm = min(SHM_BYTES, limits.scratch_bytes)
-            argv = [
-                machine.bwrap,
-                *machine.fs.bwrap_args(code_fd=code_fd, seccomp_fd=seccomp_fd, scratch_bytes=limits.scratch_bytes, shm_bytes=shm),
-                machine.fs.interpreter, "-I", "-B", "-u", "main.py",
-            ]  # fmt: skip
+            jail = machine.fs.bwrap_args(
+                code_fd=code_fd,
+                seccomp_fd=seccomp_fd,
+                scratch_bytes=limits.scratch_bytes,
+                shm_bytes=min(SHM_BYTES, limits.scratch_bytes),
+            )
+            argv = [machine.bwrap, *jail, machine.fs.interpreter, "-I", "-B", "-u", "main.py"]
             scratch, cwd, passed = rootfs.SCRATCH, None, [code_fd, seccomp_fd]
         else:
             scratch = tempfile.mkdtemp(prefix="molt-fr-sandbox-")

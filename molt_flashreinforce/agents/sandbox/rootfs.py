@@ -118,7 +118,8 @@ print(json.dumps({
 
 def _layout(interpreter: str) -> dict:
     """Where the base interpreter (not a virtual environment) keeps its library and sites."""
-    out = subprocess.run([interpreter, "-I", "-c", _LAYOUT_PROBE], capture_output=True, text=True, check=True, timeout=60)
+    probe = [interpreter, "-I", "-c", _LAYOUT_PROBE]
+    out = subprocess.run(probe, capture_output=True, text=True, check=True, timeout=60)
     return json.loads(out.stdout)
 
 
