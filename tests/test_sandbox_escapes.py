@@ -133,6 +133,21 @@ def test_memory_is_capped_for_the_whole_call_not_per_process():
         assert result.exit_code == 128 + 9  # the OOM killer took the parent instead
 
 
+def test_sandboxed_programs_are_the_oom_killers_first_choice():
+    code = (
+        "import os\n"
+        "print(open('/proc/self/oom_score_adj').read().strip())\n"
+        "fd = os.open('/proc/self/oom_score_adj', os.O_WRONLY)\n"
+        "try:\n"
+        "    os.write(fd, b'-1')\n"
+        "    print('LOWERED')\n"
+        "except OSError as e:\n"
+        "    print(e.strerror)\n"
+    )
+    result = run_python(code, FAST)
+    assert result.stdout == "1000\nPermission denied\n"  # and it cannot rank itself below the host
+
+
 def test_disk_is_capped_by_the_scratch_size():
     code = (
         "import errno\n"

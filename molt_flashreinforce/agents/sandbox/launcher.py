@@ -5,6 +5,8 @@ of this package is importable here). The host starts it in a new session with a 
 environment and only the file descriptors it needs. Before anything else can run it:
 
 * writes its own pid into the call's cgroups (so every later process is born inside);
+* marks itself (and so every later process) as the OOM killer's first choice, so a host
+  short of memory loses a sandboxed program before the process that runs it;
 * joins a fresh, empty session keyring (the host's keys are out of reach, and nothing a call
   stores there is seen by the next call);
 * sets the rlimits (CPU time, address space, processes, file size, open files, no core
@@ -107,6 +109,8 @@ def main():
         for procs in config["cgroup_procs"]:
             with open(procs, "w") as f:
                 f.write(pid)
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
         _join_fresh_session_keyring()
         if config["hidden"]:
             _expose(config["hidden"])
