@@ -18,8 +18,8 @@ Each call (mode ``bwrap``, see ``isolation()``):
 * ends with every process of its cgroup killed and the cgroup removed, whatever happened.
 
 Setup failures come back through a close-on-exec status pipe, never from the program's own
-output. Where bubblewrap cannot run, mode ``none`` keeps the rlimits, the own uid, the cgroup
-and a host scratch directory; where cgroups cannot be made, the rlimits alone bound memory and
+output. Where bubblewrap cannot run, mode ``none`` keeps the rlimits, the cgroup, a host scratch
+directory and the own uid (where other users can reach the interpreter); where cgroups cannot be made, the rlimits alone bound memory and
 processes, per process. Either way the first use warns once, naming what is missing.
 """
 
