@@ -1,10 +1,10 @@
 """Hostile code against the Python sandbox: each attack is contained, the host is unaffected,
 and the model gets a plain error text.
 
-Everything runs for real (no mocks). The suite needs the full isolation mode (root with
-namespaces, as in the project's container and CI); where the kernel refuses it the suite is
-skipped with the reason, since there the executor itself warns that it is weakened. Network
-checks only ever target loopback.
+Everything runs for real (no mocks). The suite needs the full isolation mode (root, with user
+namespaces and a writable cgroup filesystem, as in the project's container and CI); where the
+machine refuses it the suite is skipped with the reason, since there the executor itself warns
+that it is weakened. Network checks only ever target loopback.
 """
 
 from __future__ import annotations
@@ -19,28 +19,29 @@ import uuid
 import pytest
 
 from molt_flashreinforce.agents.sandbox import SandboxLimits, isolation, run_python, run_python_async
-from molt_flashreinforce.agents.sandbox.executor import SANDBOX_UID_BASE, SANDBOX_UID_SPAN
+from molt_flashreinforce.agents.sandbox.uids import is_sandbox_uid
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or isolation().missing, reason="full sandbox isolation needs root with namespaces"
+    os.geteuid() != 0 or isolation().missing, reason="full sandbox isolation needs root, user namespaces and cgroups"
 )
 
 FAST = SandboxLimits(timeout_s=3.0)
 
 
 def _sandbox_processes() -> list[int]:
-    """Live processes under any sandbox uid, anywhere on the host."""
+    """Live processes under any sandbox uid, anywhere on the host (status read as bytes: a
+    sandboxed program may have renamed itself to anything)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/status") as f:
-                status = dict(line.split(":", 1) for line in f if ":" in line)
+            with open(f"/proc/{entry}/status", "rb") as f:
+                status = dict(line.split(b":", 1) for line in f if b":" in line)
         except OSError:
             continue
-        uid = int(status["Uid"].split()[0])
-        if SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + SANDBOX_UID_SPAN and not status["State"].strip().startswith("Z"):
+        uid = int(status[b"Uid"].split()[0])
+        if is_sandbox_uid(uid) and not status[b"State"].strip().startswith(b"Z"):
             found.append(int(entry))
     return found
 
@@ -105,8 +106,9 @@ def test_gigantic_output_is_cut_and_the_call_killed():
 
 def test_writes_outside_scratch_fail_and_leave_nothing(tmp_path):
     name = uuid.uuid4().hex
-    # /tmp and /var/tmp are world-writable on the host: only the read-only mounts stop these.
-    targets = [f"/tmp/{name}", f"/var/tmp/{name}", f"../{name}", str(tmp_path / name)]
+    # /tmp and /var/tmp are world-writable on the host: they do not exist in the sandbox's root,
+    # and the root itself and /usr are read-only.
+    targets = [f"/tmp/{name}", f"/var/tmp/{name}", str(tmp_path / name), f"../{name}", f"/usr/{name}"]
     code = "import os\n" + "".join(
         f"try:\n    open({t!r}, 'w').write('x')\n    print('WROTE', {t!r})\n"
         f"except OSError as e:\n    print('blocked', e.strerror)\n"
@@ -116,9 +118,9 @@ def test_writes_outside_scratch_fail_and_leave_nothing(tmp_path):
     assert result.ok, result.stderr
     assert "WROTE" not in result.stdout
     assert result.stdout.count("blocked") == len(targets)
-    assert result.stdout.startswith("blocked Read-only file system\n" * 3)
+    assert result.stdout.startswith("blocked No such file or directory\n" * 3 + "blocked Read-only file system\n" * 2)
     assert result.stdout.endswith("fine\n")
-    for t in (targets[0], targets[1], targets[3]):
+    for t in targets[:3]:
         assert not os.path.exists(t)
 
 
@@ -197,13 +199,13 @@ def test_killing_the_parent_and_everyone_else_is_contained():
     finally:
         bystander.kill()
         bystander.wait()
-    # Host pids do not exist in the sandbox's PID namespace; getppid() is 0 there, and
-    # kill(0)/kill(-1) reach only the sandbox itself (whose init ignores its own SIGKILL).
-    assert result.ok
+    # Host pids do not exist in the sandbox's PID namespace; the parent is bubblewrap's init
+    # (pid 1), which ignores a SIGKILL sent from inside, and kill(-1) finds no process to signal.
+    assert result.ok, result
     lines = result.stdout.splitlines()
     assert lines[0] == f"denied {os.getpid()} No such process"
     assert lines[1] == f"denied {bystander.pid} No such process"
-    assert lines[2] == "sent 0"
+    assert lines[2:] == ["sent 1", "denied -1 No such process"]
 
 
 def test_async_calls_do_not_block_the_event_loop():

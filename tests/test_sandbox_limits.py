@@ -1,18 +1,28 @@
-"""The sandbox's settings, its model-facing error texts, and its weakened fallback mode.
+"""The sandbox's settings, its model-facing texts, and its weaker fallback modes.
 
-All calls run real processes. The fallback test makes the executor believe it is not root
-(``os.geteuid`` patched for that test), so the unprivileged path really runs:
-a user + network namespace without the per-call uid, PID namespace or read-only mounts.
+All calls run real processes. The fallback tests take one layer away the way a weaker machine
+would (no cgroup filesystem; no bubblewrap; an interpreter that cannot start) by replacing the
+function that finds it, then clear the one-time probe so the rest of the suite sees this
+machine again.
 """
 
 from __future__ import annotations
 
-import socket
+import os
+import tempfile
 import warnings
 
 import pytest
 
-from molt_flashreinforce.agents.sandbox import ExecutionResult, SandboxLimits, SandboxSetupError, executor, run_python
+from molt_flashreinforce.agents.sandbox import (
+    ExecutionResult,
+    SandboxLimits,
+    SandboxSetupError,
+    cgroups,
+    executor,
+    isolation,
+    run_python,
+)
 
 
 def test_limits_follow_molts_environment_names():
@@ -23,6 +33,13 @@ def test_limits_follow_molts_environment_names():
     assert SandboxLimits.from_env({}) == SandboxLimits()
     with pytest.raises(ValueError, match="Bad PYTHON_EXECUTOR_\\* setting"):
         SandboxLimits.from_env({"PYTHON_EXECUTOR_TIMEOUT": "ten"})
+
+
+@pytest.mark.parametrize("value", ["0", "257", "many"])
+def test_bad_thread_count_is_refused_with_the_range(monkeypatch, value):
+    monkeypatch.setenv("PYTHON_EXECUTOR_THREADS", value)
+    with pytest.raises(ValueError, match=f"PYTHON_EXECUTOR_THREADS must be an integer from 1 to 256, got '{value}'"):
+        executor._pool_size()
 
 
 def make(**kw) -> ExecutionResult:
@@ -38,36 +55,64 @@ def test_observation_texts():
     assert make(exit_code=None, timed_out=True, elapsed_s=10.04).observation(50) == (
         "Error: execution timed out after 10.0 s and was killed."
     )
+    failed = make(exit_code=None, stdout="partial", sandbox_error="setup: PermissionError: cgroup.procs")
+    assert not failed.ok
+    assert failed.observation(50) == (
+        "Error: the sandbox failed to run this program (an internal error, not your code); try again."
+    )
 
 
-def test_setup_failures_raise_instead_of_blaming_the_code(monkeypatch):
-    if executor.isolation().mode != "namespaces":
-        pytest.skip("needs the namespace mode, whose setup exposes the interpreter's directories")
-    monkeypatch.setattr(executor, "_exposed_paths", lambda: ["/nonexistent-molt-fr/python"])
-    with pytest.raises(SandboxSetupError, match="sandbox setup failed"):
-        run_python("print(1)")
+@pytest.fixture()
+def fresh_probe():
+    executor._probe.cache_clear()
+    yield
+    executor._probe.cache_clear()
 
 
-def test_unprivileged_fallback_warns_loudly_and_still_blocks_the_network(monkeypatch):
-    monkeypatch.setattr(executor.os, "geteuid", lambda: 1000)
-    executor.isolation.cache_clear()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            iso = executor.isolation()
-        if iso.mode == "none":
-            pytest.skip("this kernel refuses user namespaces")
-        assert iso.mode == "user-network" and iso.network
-        assert iso.missing == ["filesystem", "pid_namespace", "own_uid"]
-        assert any("PYTHON SANDBOX IS WEAKENED" in str(w.message) for w in caught)
-        with socket.socket() as server:
-            server.bind(("127.0.0.1", 0))
-            server.listen(1)
-            port = server.getsockname()[1]
-            code = f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('CONNECTED')\nexcept OSError as e:\n    print('refused')\n"
-            result = run_python(code, SandboxLimits(timeout_s=5))
-        assert result.stdout == "refused\n"
-        loop = run_python("while True:\n    pass\n", SandboxLimits(timeout_s=1))
-        assert loop.timed_out
-    finally:
-        executor.isolation.cache_clear()
+def _weakened_warnings(action):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        action()
+    return [str(w.message) for w in caught if "PYTHON SANDBOX IS WEAKENED" in str(w.message)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the cgroup layer needs root")
+def test_without_cgroups_the_rlimits_hold_and_it_warns_once(monkeypatch, fresh_probe):
+    monkeypatch.setattr(cgroups, "cgroup_backend", lambda: None)
+    first = _weakened_warnings(isolation)
+    if isolation().mode != "bwrap":
+        pytest.skip("needs bubblewrap, to isolate the missing cgroup layer")
+    assert isolation().missing == ["cgroup"]
+    assert len(first) == 1 and "memory and process limits hold per process only (rlimits)" in first[0]
+    again = _weakened_warnings(lambda: (isolation(), run_python("print(1)")))
+    assert again == []
+    memory = run_python("x = bytearray(600 << 20)\n", SandboxLimits(timeout_s=10.0, memory_bytes=256 << 20))
+    assert memory.exit_code == 1 and "MemoryError" in memory.stderr
+    forks = run_python("import os\nwhile True:\n    os.fork()\n", SandboxLimits(timeout_s=3.0, max_processes=8))
+    assert "Resource temporarily unavailable" in forks.stderr
+    assert run_python("while True:\n    pass\n", SandboxLimits(timeout_s=1.0)).timed_out
+
+
+def test_without_bubblewrap_the_call_still_runs_bounded_and_it_warns(monkeypatch, fresh_probe, tmp_path):
+    def no_bwrap(*args):
+        raise FileNotFoundError("bwrap")
+
+    monkeypatch.setattr(executor, "_bwrap_machine", no_bwrap)
+    found = []
+    messages = _weakened_warnings(lambda: found.append(isolation()))
+    assert found[0].mode == "none"
+    assert {"network", "filesystem", "pid_namespace", "seccomp"} <= set(found[0].missing)
+    assert len(messages) == 1 and "mode 'none'" in messages[0]
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    result = run_python("import os\nos.makedirs('a/b/c')\nprint(os.getcwd().startswith(os.environ['TMPDIR']))")
+    assert result.stdout == "True\n", result
+    assert run_python("while True:\n    pass\n", SandboxLimits(timeout_s=1.0)).timed_out
+    assert os.listdir(tmp_path) == []  # the host scratch dirs were removed
+
+
+def test_no_working_mode_is_a_result_not_an_exception(monkeypatch, fresh_probe):
+    monkeypatch.setattr(executor, "LAUNCHER", "/nonexistent-molt-fr/launcher.py")
+    with pytest.raises(SandboxSetupError, match="cannot start its interpreter on this machine in any mode"):
+        isolation()
+    result = run_python("print(1)")
+    assert result.sandbox_error.startswith("SandboxSetupError") and not result.ok

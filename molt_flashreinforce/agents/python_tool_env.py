@@ -6,12 +6,18 @@ out of the loss), or commits a final answer, graded 0/1 on its last ``\\boxed{}`
 committing turn is graded. After ``MAX_AGENT_TURNS`` model turns (default 10) without a
 commitment the episode is truncated with reward 0.
 
+Tool output is neutralised before it enters the trajectory (``python_tool_protocol``), with
+the tokenizer's own added tokens when the runner knows them (``output_markers``). A failure of
+the sandbox itself never ends the episode: the model gets a tool error and may try again.
+
 ``Result.info`` on every step (Molt keeps the last): ``tool_calls`` (programs executed),
-``invalid_tool_calls``, ``tool_timeouts``, ``turns``, ``turn_limit_reached``,
-``missing_answer``, ``grader_timeout``.
+``invalid_tool_calls``, ``tool_timeouts``, ``sandbox_errors`` (calls the sandbox could not
+run), ``turns``, ``turn_limit_reached``, ``missing_answer``, ``grader_timeout``.
 """
 
 from __future__ import annotations
+
+import logging
 
 from molt.agents import Env, Result
 
@@ -19,8 +25,10 @@ from molt_flashreinforce.agents.chatml import next_user_turn, open_first_turn
 from molt_flashreinforce.agents.grading import grade_async
 from molt_flashreinforce.agents.labels import ground_truth
 from molt_flashreinforce.agents.python_tool_protocol import parse_tool_calls, tool_response
-from molt_flashreinforce.agents.sandbox import SandboxLimits, run_python_async
+from molt_flashreinforce.agents.sandbox import ExecutionResult, SandboxLimits, run_python_async
 from molt_flashreinforce.agents.turns import max_agent_turns
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TURNS = 10
 # Parallel calls in one turn are allowed (Qwen templates emit them), but each may run for the
@@ -29,6 +37,8 @@ MAX_CALLS_PER_TURN = 4
 
 
 class PythonToolEnv(Env):
+    output_markers: frozenset[str] = frozenset()  # the tokenizer's added tokens (python_tool.py)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_turns = max_agent_turns(DEFAULT_MAX_TURNS)
@@ -37,12 +47,14 @@ class PythonToolEnv(Env):
         self.tool_calls = 0
         self.invalid_tool_calls = 0
         self.tool_timeouts = 0
+        self.sandbox_errors = 0
 
     def _info(self, **final) -> dict:
         info = {
             "tool_calls": self.tool_calls,
             "invalid_tool_calls": self.invalid_tool_calls,
             "tool_timeouts": self.tool_timeouts,
+            "sandbox_errors": self.sandbox_errors,
             "turns": self.turns,
             "turn_limit_reached": 0,
             "missing_answer": 0,
@@ -71,16 +83,25 @@ class PythonToolEnv(Env):
         for index, call in enumerate(calls):
             if index >= MAX_CALLS_PER_TURN:
                 self.invalid_tool_calls += 1
-                responses.append(tool_response(f"Error: not run; at most {MAX_CALLS_PER_TURN} tool calls per turn."))
+                refusal = f"Error: not run; at most {MAX_CALLS_PER_TURN} tool calls per turn."
+                responses.append(tool_response(refusal, self.output_markers))
                 continue
             if call.code is None:
                 self.invalid_tool_calls += 1
-                responses.append(tool_response(f"Error: {call.error}."))
+                responses.append(tool_response(f"Error: {call.error}.", self.output_markers))
                 continue
-            result = await run_python_async(call.code, self.limits)
+            result = await self._execute(call.code)
             self.tool_calls += 1
             self.tool_timeouts += int(result.timed_out)
-            responses.append(tool_response(result.observation(self.limits.output_chars)))
+            self.sandbox_errors += int(result.sandbox_error is not None)
+            responses.append(tool_response(result.observation(self.limits.output_chars), self.output_markers))
         return Result(
             reward=0.0, observation=next_user_turn(action, "\n".join(responses)), terminated=False, info=self._info()
         )
+
+    async def _execute(self, code: str) -> ExecutionResult:
+        try:
+            return await run_python_async(code, self.limits)
+        except Exception as exc:  # noqa: BLE001 - the sandbox's failure is a tool error, not the episode's end
+            logger.exception("Python sandbox call raised")
+            return ExecutionResult("", "", None, False, False, 0.0, sandbox_error=f"{type(exc).__name__}: {exc}")

@@ -6,10 +6,19 @@ The result comes back as ``<tool_response>...</tool_response>`` in the next user
 turn with no tool call commits the final answer, which must be in ``\\boxed{}``. The data
 command writes ``SYSTEM_PROMPT`` into every tool-formatted prompt, so the protocol is
 self-contained and needs no ``--data.tools_key``.
+
+Everything inside a ``<tool_response>`` is neutralised first (``neutralise``): a fast
+tokenizer turns the text ``<|im_end|>`` into the special token even with
+``add_special_tokens=False``, so a program that prints chat markers could otherwise forge
+turns (and a ``\\boxed{}`` answer) in the trajectory. Every special-token-shaped string
+(``<|...|>``, DeepSeek's ``<｜...｜>``), every tag of this protocol and of the Qwen templates
+(``PROTOCOL_MARKERS``) and every added token of the tokenizer in use (``tokenizer_markers``) gets
+a backslash after its first character, so it tokenizes as plain text and still reads the same.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -36,6 +45,13 @@ SYSTEM_PROMPT = (
     "nothing carries over between calls. When you are done, reply without a tool call and put the final "
     "answer within \\boxed{}."
 )
+
+PROTOCOL_MARKERS = (
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>", "</tools>",
+    "<think>", "</think>", "<function=", "</function>", "<parameter=", "</parameter>",
+)  # fmt: skip
+_SPECIAL_TOKEN_SHAPES = (r"<\|[^|<>\s\\]{1,64}\|>", r"<｜[^｜<>\\]{1,64}｜>")
+ESCAPE = "\\"
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _OPEN_TAG = "<tool_call>"
@@ -75,5 +91,29 @@ def _parse_one(body: str) -> ToolCall:
     return ToolCall(code=code)
 
 
-def tool_response(text: str) -> str:
-    return f"<tool_response>\n{text}\n</tool_response>"
+def tokenizer_markers(tokenizer) -> frozenset[str]:
+    """The strings a tokenizer turns into special or added tokens wherever they appear."""
+    markers = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        markers.add(getattr(token, "content", str(token)))
+    return frozenset(m for m in markers if len(m) > 1 and ESCAPE not in m)
+
+
+@functools.lru_cache(maxsize=8)
+def _marker_pattern(extra: frozenset[str]) -> re.Pattern:
+    literals = sorted(set(PROTOCOL_MARKERS) | extra, key=len, reverse=True)
+    return re.compile("|".join([*map(re.escape, literals), *_SPECIAL_TOKEN_SHAPES]))
+
+
+def neutralise(text: str, extra_markers: frozenset[str] = frozenset()) -> str:
+    """``text`` with every marker broken by a backslash after its first character. No marker
+    contains a backslash, so none can form across an inserted one; repeating until nothing
+    matches also breaks markers that overlapped a broken one."""
+    pattern = _marker_pattern(extra_markers)
+    while pattern.search(text):
+        text = pattern.sub(lambda m: m[0][0] + ESCAPE + m[0][1:], text)
+    return text
+
+
+def tool_response(text: str, extra_markers: frozenset[str] = frozenset()) -> str:
+    return f"<tool_response>\n{neutralise(text, extra_markers)}\n</tool_response>"
