@@ -132,7 +132,8 @@ def make_experience(actor, length: int, device: str):
 
 def step(trainer, experience) -> None:
     trainer.training_step(experience, kl_ctl=0.0, batch_num_tokens=experience.action_mask.sum(),
-                          num_microbatches=1, is_optimizer_step=True, batch_num_seqs=torch.tensor(1))
+                          num_microbatches=1, is_optimizer_step=True,
+                          batch_num_seqs=torch.tensor(1, device=experience.sequences.device))
 
 
 def synchronize(device: str) -> None:
