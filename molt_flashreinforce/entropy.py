@@ -8,8 +8,8 @@ tokens, so no gradient flows through it. The positions are processed a slab of
 is a few slabs (about 200 MiB) whatever T and V are and whatever the input dtype: the bf16
 logits a forward pass holds are read in place, never copied whole to float32 (for T=8192,
 V=151,936 one such copy is 5 GB). Each slab is scaled in float32 after the upcast, exactly as
-Molt's `Actor.forward` scales its float32 logits, so the values equal the ones Molt's entropy
-path feeds `compute_entropy`.
+Molt's `Actor.forward` scales its float32 logits, so the distribution is the one Molt's
+entropy path feeds `compute_entropy`.
 
 A vocabulary-sharded DTensor (tensor parallelism) is gathered one slab at a time.
 """
@@ -34,10 +34,13 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
         scaled = logits_slab.to(torch.float32)
         if temperature != 1.0:
             scaled = scaled / temperature
-        log_partition = torch.logsumexp(scaled, dim=-1)
-        # H = log Z - sum_v p_v * z_v with p = softmax(z); p * z reuses p's buffer.
-        expected_logit = torch.sub(scaled, log_partition.unsqueeze(-1)).exp_().mul_(scaled).sum(-1)
-        entropies[start:start + logits_slab.shape[0]] = log_partition - expected_logit
+        # H = m + log Z - sum_v p_v z_v, with m the row max, Z = sum_v exp(z_v - m) and
+        # p = exp(z - m) / Z: one exponential pass serves both sums, and p * z reuses its buffer.
+        row_max = scaled.amax(dim=-1, keepdim=True)
+        unnormalized = torch.sub(scaled, row_max).exp_()
+        partition = unnormalized.sum(dim=-1)
+        expected_logit = unnormalized.mul_(scaled).sum(dim=-1) / partition
+        entropies[start:start + logits_slab.shape[0]] = row_max.squeeze(-1) + partition.log() - expected_logit
     return entropies.reshape(positions)
 
 

@@ -176,13 +176,15 @@ def test_molts_training_step_runs_the_full_objective(monkeypatch, tmp_path, q):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_filter_picks_the_tokens_molts_float32_entropy_path_picks(monkeypatch, tmp_path, temperature):
-    """bf16 logits, several slabs: the entropies equal those of the previous path, which took them
-    from the float32 logits copy that `Actor.forward(return_entropy=True)` makes, through
-    `token_entropy`; they match Molt's own one-shot `compute_entropy` on that copy, and the filter
-    keeps the same tokens with either."""
+    """bf16 logits, several slabs: the entropies match those of Molt's own entropy path, which
+    upcasts the whole logits to float32, scales them by the temperature and runs its one-shot
+    `compute_entropy` (the previous plugin path took its entropies from that float32 copy), and
+    the filter keeps exactly the same tokens."""
     monkeypatch.setattr(entropy_module, "_SLAB_ELEMENTS", 32 * 5)  # 5 positions a slab, 12 per row
     args = molt_args(tmp_path, "--flashreinforce.entropy_filter_q", "0.5")
     trainer, actor = build_trainer(monkeypatch, args, tiny_actor(torch.bfloat16, temperature))
+    with torch.no_grad():
+        actor.model.lm_head.weight.mul_(30)  # spread the logits: far from uniform, entropies far from tied
     rewards = torch.tensor([0.0, 1.0, 0.0, 0.0])
     experience = make_experience(actor, rewards, torch.zeros(4))
     loss_fn, captured = trainer.actor_loss_fn, []
@@ -194,18 +196,19 @@ def test_filter_picks_the_tokens_molts_float32_entropy_path_picks(monkeypatch, t
 
     mask = experience.action_mask
     with torch.no_grad():
-        molt_entropies = actor(experience.sequences, mask, return_entropy=True)["entropy"][:, -mask.shape[1]:]
-        monkeypatch.setattr(molt_actor, "compute_entropy", token_entropy)  # the previous plugin path
-        previous = actor(experience.sequences, mask, return_entropy=True)["entropy"][:, -mask.shape[1]:]
+        molt_output = actor(experience.sequences, mask, return_entropy=True)
+    assert molt_output["logits"].dtype == torch.float32  # Molt's path: the whole float32 copy
+    molt_entropies = molt_output["entropy"][:, -mask.shape[1]:]
     assert ours.dtype == torch.float32 and not ours.requires_grad
-    assert torch.equal(ours, previous)
     torch.testing.assert_close(ours, molt_entropies, rtol=1e-5, atol=1e-5)
+    if temperature != 1.0:  # the rollout temperature was applied, not T = 1
+        unscaled = token_entropy(molt_output["logits"])[:, :-1][:, -mask.shape[1]:]
+        assert (ours - unscaled).abs().max() > 1e-2
 
     failures, tokens = rewards <= 0, mask.sum(-1)
-    keep = {name: _entropy_filter_keep(mask, failures, values, 0.5, tokens)
-            for name, values in {"ours": ours, "previous": previous, "molt": molt_entropies}.items()}
-    assert torch.equal(keep["ours"], keep["previous"]) and torch.equal(keep["ours"], keep["molt"])
-    assert keep["ours"].sum() < mask.sum()  # the filter dropped tokens
+    keep_ours = _entropy_filter_keep(mask, failures, ours, 0.5, tokens)
+    assert torch.equal(keep_ours, _entropy_filter_keep(mask, failures, molt_entropies, 0.5, tokens))
+    assert keep_ours.sum() < mask.sum()  # the filter dropped tokens
 
 
 def test_entropy_bonus_keeps_molts_differentiable_entropy(monkeypatch, tmp_path):
