@@ -235,7 +235,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per setup")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per setup before them")
     parser.add_argument("--memory-only", action="store_true", help="skip the timing")
-    parser.add_argument("--out", type=Path, help="write the measurements to this JSON file")
+    parser.add_argument("--out", type=Path, help="write the measurements to this JSON file (lengths it already "
+                        "holds for the same device and not measured again are kept)")
     parser.add_argument("--child", nargs=2, metavar=("SETUP", "LENGTH"), help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.device == "cuda" and not torch.cuda.is_available():
@@ -251,6 +252,10 @@ def main() -> None:
     record = run(lengths, options.device, 1 if options.quick else options.repeats, options.warmup,
                  timed=not options.memory_only)
     if options.out:
+        if options.out.exists():  # lengths measured by earlier runs stay, unless measured again here
+            earlier = json.loads(options.out.read_text())
+            if earlier.get("device") == record["device"]:
+                record["lengths"] = {**earlier["lengths"], **record["lengths"]}
         options.out.write_text(json.dumps(record, indent=2) + "\n")
         print(f"wrote {options.out}")
 
