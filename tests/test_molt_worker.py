@@ -1,11 +1,11 @@
 """The plugin inside Molt's own `PolicyTrainer`, the object each `PolicyModelActor` owns.
 
 Molt's real `PolicyTrainer.__init__` and `training_step` run here, on arguments produced by Molt's
-own parser and validation. Two things cannot exist on this CPU machine and are stood in for:
-the FSDP/AutoModel `Actor` (needs nemo_automodel and a GPU) is replaced by a tiny transformers
-model that honours `Actor.forward`'s contract, and the strategy's distributed backward/step
-(FSDP collectives) by plain local autograd and an optimizer step; the GPU barrier in `__init__`
-is a no-op.
+own parser and validation, and so does Molt's real `Actor.forward` around a pre-built tiny GPT-2
+(the path Molt takes for an already-instantiated model). Two things cannot exist on this CPU
+machine and are stood in for: AutoModel's FSDP wrapping of that model (needs nemo_automodel and a
+GPU), and the strategy's distributed backward/step (FSDP collectives), replaced by plain local
+autograd and an optimizer step; the GPU barrier in `__init__` is a no-op.
 """
 
 from __future__ import annotations
@@ -21,36 +21,20 @@ from molt.trainer.algorithm.experience import Experience
 from molt.trainer.workers import policy_actor
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from molt_flashreinforce import entropy as entropy_module
 from molt_flashreinforce.entropy import token_entropy
 from molt_flashreinforce.launch.molt_cli import parse_and_validate
-from molt_flashreinforce.objective import FlashReinforceConfig, flashreinforce_loss
+from molt_flashreinforce.objective import FlashReinforceConfig, _entropy_filter_keep, flashreinforce_loss
 from molt_flashreinforce.plugin import register
 from molt_flashreinforce.plugin.policy_loss import FlashReinforcePolicyLoss
 
 torch.manual_seed(0)
 
 
-class TinyActor(torch.nn.Module):
-    """Stand-in for Molt's FSDP `Actor`: same call signature and output keys, on a 2-layer GPT-2."""
-
-    def __init__(self):
-        super().__init__()
-        self.model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=32, n_embd=16, n_layer=2, n_head=2,
-                                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-        self.entropy_calls = []
-
-    def forward(self, sequences, action_mask=None, attention_mask=None, cp_context_stack=None,
-                return_entropy=False, routed_experts=None, top_ids=None, **_):
-        logits = self.model(sequences, attention_mask=attention_mask).logits.float()
-        output = _AttrDict(logits=logits)
-        if return_entropy:
-            # Looked up on Molt's module at call time, exactly like the real Actor.forward.
-            self.entropy_calls.append(molt_actor.compute_entropy)
-            output["entropy"] = molt_actor.compute_entropy(logits)[:, :-1]
-        log_probs = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, sequences[:, 1:].unsqueeze(-1)).squeeze(-1)
-        output["log_probs"] = log_probs
-        output["action_log_probs"] = log_probs[:, -action_mask.shape[1]:] * action_mask.float()
-        return output
+def tiny_actor(dtype=torch.float32, temperature=1.0):
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).to(dtype)
+    return molt_actor.Actor(model, temperature=temperature)
 
 
 class LocalStrategy:
@@ -85,10 +69,10 @@ def molt_args(tmp_path, *extra):
     ])
 
 
-def build_trainer(monkeypatch, args):
+def build_trainer(monkeypatch, args, actor=None):
     register()
     monkeypatch.setattr(policy_actor, "torch_dist_barrier_and_cuda_sync", lambda: None)  # GPU barrier
-    actor = TinyActor()
+    actor = actor or tiny_actor()
     optimizer = torch.optim.SGD(actor.parameters(), lr=0.0)
     scheduler = SimpleNamespace(get_last_lr=lambda: [0.0])
     return policy_actor.PolicyTrainer(LocalStrategy(args), actor, optimizer, scheduler, vllm_engines=None), actor
@@ -123,6 +107,36 @@ def test_stock_loss_modes_are_left_to_molt(monkeypatch, tmp_path):
     assert type(trainer.actor_loss_fn) is policy_actor.PolicyLoss
 
 
+class EntropyWorkSpy:
+    """Counts, during a training step, the model forwards, the `return_entropy` Molt's
+    `Actor.forward` was asked for, and the calls of Molt's one-shot `compute_entropy`."""
+
+    def __init__(self, monkeypatch, actor):
+        self.model_forwards, self.return_entropy, self.molt_compute_entropy = 0, [], 0
+        actor.model.register_forward_hook(self._count_forward)
+        forward, compute_entropy = molt_actor.Actor.forward, molt_actor.compute_entropy
+
+        def recording_forward(actor_self, *args, return_entropy=False, **kwargs):
+            self.return_entropy.append(return_entropy)
+            return forward(actor_self, *args, return_entropy=return_entropy, **kwargs)
+
+        def counting_compute_entropy(logits):
+            self.molt_compute_entropy += 1
+            return compute_entropy(logits)
+
+        monkeypatch.setattr(molt_actor.Actor, "forward", recording_forward)
+        monkeypatch.setattr(molt_actor, "compute_entropy", counting_compute_entropy)
+
+    def _count_forward(self, *_):
+        self.model_forwards += 1
+
+
+def training_step(trainer, experience):
+    return trainer.training_step(experience, kl_ctl=0.0, batch_num_tokens=experience.action_mask.sum(),
+                                 num_microbatches=1, is_optimizer_step=True,
+                                 batch_num_seqs=torch.tensor(experience.action_mask.shape[0]))
+
+
 @pytest.mark.parametrize("q", [1.0, 0.5])
 def test_molts_training_step_runs_the_full_objective(monkeypatch, tmp_path, q):
     args = molt_args(tmp_path, "--flashreinforce.entropy_filter_q", str(q))
@@ -131,15 +145,15 @@ def test_molts_training_step_runs_the_full_objective(monkeypatch, tmp_path, q):
     drift = torch.tensor([0.0, 2.0, 0.01, 0.0])  # row 1 is far off-policy and must be rejected
     experience = make_experience(actor, rewards, drift)
 
-    status = trainer.training_step(experience, kl_ctl=0.0, batch_num_tokens=experience.action_mask.sum(),
-                                   num_microbatches=1, is_optimizer_step=True,
-                                   batch_num_seqs=torch.tensor(4))
+    spy = EntropyWorkSpy(monkeypatch, actor)
+    status = training_step(trainer, experience)
     molt_grads = [p.grad.clone() for p in actor.parameters()]
-    entropy_calls_in_step = list(actor.entropy_calls)
+    # One forward, never with Molt's entropy path (its float32 logits copy and one-shot entropy).
+    assert (spy.model_forwards, spy.return_entropy, spy.molt_compute_entropy) == (1, [False], 0)
 
     # The same step computed directly with the pure objective.
     actor.zero_grad()
-    output = actor(experience.sequences, experience.action_mask, return_entropy=True)
+    output = actor(experience.sequences, experience.action_mask)
     mask = experience.action_mask
     entropies = token_entropy(output["logits"])[:, :-1][:, -mask.shape[1]:]
     out = flashreinforce_loss(output["action_log_probs"], experience.rollout_log_probs, rewards, mask,
@@ -153,25 +167,57 @@ def test_molts_training_step_runs_the_full_objective(monkeypatch, tmp_path, q):
     metrics = status["metrics"]
     assert metrics["flashreinforce/acceptance_rate"].tolist() == [1.0, 0.0, 1.0, 1.0]
     assert metrics["is_filter_ratio"].tolist() == [0.0, 1.0, 0.0, 0.0]
-    if q == 1:
-        assert entropy_calls_in_step == []  # no entropy pass without the filter
-    else:
-        # The forward ran with entropies on, through the chunked, graph-free implementation.
-        assert entropy_calls_in_step == [token_entropy]
+    if q < 1:
         assert metrics["flashreinforce/retained_token_fraction"][2].item() < 1.0  # a failed row was filtered
     # Nothing is left bound or swapped after the step.
-    assert molt_actor.compute_entropy is not token_entropy
-    assert "forward" not in vars(actor)
+    assert "forward" not in vars(actor) and "_forward_backbone" not in vars(actor)
     assert trainer.actor_loss_fn.bound_experience is None and trainer.actor_loss_fn.bound_entropies is None
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_filter_picks_the_tokens_molts_float32_entropy_path_picks(monkeypatch, tmp_path, temperature):
+    """bf16 logits, several slabs: the entropies match those of Molt's own entropy path, which
+    upcasts the whole logits to float32, scales them by the temperature and runs its one-shot
+    `compute_entropy` (the previous plugin path took its entropies from that float32 copy), and
+    the filter keeps exactly the same tokens."""
+    monkeypatch.setattr(entropy_module, "_SLAB_ELEMENTS", 32 * 5)  # 5 positions a slab, 12 per row
+    args = molt_args(tmp_path, "--flashreinforce.entropy_filter_q", "0.5")
+    trainer, actor = build_trainer(monkeypatch, args, tiny_actor(torch.bfloat16, temperature))
+    with torch.no_grad():
+        actor.model.lm_head.weight.mul_(30)  # spread the logits: far from uniform, entropies far from tied
+    rewards = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    experience = make_experience(actor, rewards, torch.zeros(4))
+    loss_fn, captured = trainer.actor_loss_fn, []
+    loss_forward = type(loss_fn).forward
+    monkeypatch.setattr(type(loss_fn), "forward",
+                        lambda self, *a, **k: captured.append(self.bound_entropies) or loss_forward(self, *a, **k))
+    training_step(trainer, experience)
+    ours = captured[0]
+
+    mask = experience.action_mask
+    with torch.no_grad():
+        molt_output = actor(experience.sequences, mask, return_entropy=True)
+    assert molt_output["logits"].dtype == torch.float32  # Molt's path: the whole float32 copy
+    molt_entropies = molt_output["entropy"][:, -mask.shape[1]:]
+    assert ours.dtype == torch.float32 and not ours.requires_grad
+    torch.testing.assert_close(ours, molt_entropies, rtol=1e-5, atol=1e-5)
+    if temperature != 1.0:  # the rollout temperature was applied, not T = 1
+        unscaled = token_entropy(molt_output["logits"])[:, :-1][:, -mask.shape[1]:]
+        assert (ours - unscaled).abs().max() > 1e-2
+
+    failures, tokens = rewards <= 0, mask.sum(-1)
+    keep_ours = _entropy_filter_keep(mask, failures, ours, 0.5, tokens)
+    assert torch.equal(keep_ours, _entropy_filter_keep(mask, failures, molt_entropies, 0.5, tokens))
+    assert keep_ours.sum() < mask.sum()  # the filter dropped tokens
 
 
 def test_entropy_bonus_keeps_molts_differentiable_entropy(monkeypatch, tmp_path):
     args = molt_args(tmp_path, "--flashreinforce.entropy_filter_q", "0.5", "--actor.entropy_coef", "0.01")
     trainer, actor = build_trainer(monkeypatch, args)
     experience = make_experience(actor, torch.tensor([1.0, 0.0]), torch.zeros(2))
-    trainer.training_step(experience, kl_ctl=0.0, batch_num_tokens=experience.action_mask.sum(),
-                          num_microbatches=1, is_optimizer_step=True, batch_num_seqs=torch.tensor(2))
-    assert actor.entropy_calls and all(call is not token_entropy for call in actor.entropy_calls)
+    spy = EntropyWorkSpy(monkeypatch, actor)
+    training_step(trainer, experience)
+    assert (spy.model_forwards, spy.return_entropy, spy.molt_compute_entropy) == (1, [True], 1)
 
 
 def test_token_entropy_matches_molts_compute_entropy_without_a_graph():

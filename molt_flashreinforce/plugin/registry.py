@@ -4,7 +4,8 @@ Idempotent. It checks the Molt version, registers both names in Molt's own regis
 patches Molt's `PolicyTrainer` (the loss owner inside each `PolicyModelActor`) so that
 `--actor.loss_mode flashreinforce` builds `FlashReinforcePolicyLoss` and feeds it what Molt's
 surrogate signature cannot carry: the micro-batch's rewards (failure labels) and, for the
-entropy filter, the per-token entropies of the same forward pass.
+entropy filter, the per-token entropies of the same forward pass, computed in slabs from the
+logits that forward already holds (no float32 copy of them, no second forward).
 """
 
 from __future__ import annotations
@@ -88,30 +89,46 @@ def _patch_policy_trainer() -> None:
 
 @contextmanager
 def _capturing_action_entropies(trainer, loss_fn, num_actions: int):
-    """Run the trainer's actor forward with entropies on and hand the action span's to the loss.
+    """Hand the loss the action span's entropies from the trainer's one actor forward.
 
-    With no entropy bonus (entropy_coef 0) nothing differentiates the entropy, so Molt's one-shot
-    `compute_entropy` is swapped for the chunked, graph-free `token_entropy` for the duration.
+    With an entropy bonus (entropy_coef > 0) Molt computes a differentiable entropy anyway, and
+    the loss reads it. Without one, the forward runs as at q = 1 (no `return_entropy`, so Molt
+    makes no float32 copy of the logits and keeps scoring the bf16 ones), and `token_entropy`
+    computes the entropies afterwards from the logits that forward returns, slab by slab, at the
+    actor's (rollout) temperature. `_forward_backbone` is observed, not changed, for the layout
+    (context-parallel shard or packing) that maps them back onto the [B, S] axis, as in Molt.
     """
-    from molt.models import actor as molt_actor
-
     from molt_flashreinforce.entropy import token_entropy
 
     actor = trainer.actor
     forward = type(actor).forward
+    if trainer.args.actor.entropy_coef:
+        def forward_with_entropy(*args, **kwargs):
+            output = forward(actor, *args, **kwargs)
+            loss_fn.bound_entropies = output["entropy"][:, -num_actions:].detach()
+            return output
+    else:
+        backbone = actor._forward_backbone
+        layouts = []
 
-    def forward_with_entropy(*args, **kwargs):
-        kwargs["return_entropy"] = True
-        output = forward(actor, *args, **kwargs)
-        loss_fn.bound_entropies = output["entropy"][:, -num_actions:].detach()
-        return output
+        def backbone_observed(*args, **kwargs):
+            result = backbone(*args, **kwargs)
+            layouts.append(result[2:])  # cp_forward, indices, batch, seqlen
+            return result
 
-    original_entropy = molt_actor.compute_entropy
-    if not trainer.args.actor.entropy_coef:
-        molt_actor.compute_entropy = token_entropy
+        def forward_with_entropy(*args, **kwargs):
+            output = forward(actor, *args, **kwargs)
+            cp_forward, indices, batch, seqlen = layouts.pop()
+            entropy = token_entropy(output["logits"], temperature=actor.temperature)
+            entropy = actor._restore_full_sequence(entropy, cp_forward=cp_forward, batch=batch, seqlen=seqlen,
+                                                   indices=indices)
+            loss_fn.bound_entropies = entropy[:, :-1][:, -num_actions:]
+            return output
+
+        actor._forward_backbone = backbone_observed
     actor.forward = forward_with_entropy
     try:
         yield
     finally:
         del actor.forward
-        molt_actor.compute_entropy = original_entropy
+        vars(actor).pop("_forward_backbone", None)

@@ -1,0 +1,264 @@
+"""Peak memory and time of Molt's real `PolicyTrainer.training_step` at a real vocabulary and
+real sequence lengths: Molt's stock recipe against our loss with and without the entropy filter.
+
+    python benchmarks/bench_training_step.py [--device cpu|cuda] [--lengths 8192,16384] [--quick]
+                                             [--repeats 3] [--warmup 1] [--memory-only]
+                                             [--out experiments/bench_training_step.json]
+
+The model is Molt's own `molt.models.actor.Actor` around a transformers Qwen2 that is tiny in
+width and depth (hidden 64, 2 layers) but has Qwen2.5's vocabulary (151,936) and runs in bf16,
+so the [S, V] logits and everything Molt derives from them have their real size. One micro-batch
+is one trajectory of S tokens (S/16 prompt, the rest policy tokens) whose reward is 0, so the
+entropy filter has a failed row to filter. Setups, each through `PolicyTrainer.training_step`
+with Molt's parsed and validated arguments:
+
+  stock     Molt's FlashREINFORCE recipe: loss_mode ppo on force-on-policy batches, IS seq /
+            binary_kl / mask at delta 3e-3, seq-mean-token-mean
+  ours_q1   --actor.loss_mode flashreinforce (the plugin's PolicyLoss), entropy_filter_q 1
+  ours_q09  the same with entropy_filter_q 0.9: the step also needs every policy token's entropy
+
+Peak memory is measured in a fresh process per setup and length (CPU: the process's peak RSS,
+which also holds the model and the inputs; CUDA: torch.cuda.max_memory_allocated over the step).
+Time is the median of `--repeats` steps after `--warmup` untimed ones, all setups interleaved in
+this one process so that machine load hits them alike. The ratios against ours_q1 and stock are printed
+and written, with the raw numbers, to the JSON file.
+
+Stood in for, because they need a GPU cluster: the FSDP strategy (a local backward and AdamW
+step instead of sharded collectives) and Molt's distributed barrier in `PolicyTrainer.__init__`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+VOCAB = 151_936  # Qwen2.5's vocabulary
+DELTA = 3e-3
+SETUPS = ("stock", "ours_q1", "ours_q09")
+DEFAULT_LENGTHS = (8192, 16384)
+QUICK_LENGTHS = (1024,)
+RECIPE_FLAGS = [
+    "--algo.advantage.is_correction_level", "seq", "--algo.advantage.is_correction_gating", "binary_kl",
+    "--algo.advantage.is_correction_mode", "mask", "--algo.advantage.is_correction_threshold", str(DELTA),
+    "--actor.loss_agg_mode", "seq-mean-token-mean", "--train.force_on_policy",
+    "--rollout.n_samples_per_prompt", "1", "--vllm.num_engines", "1",
+]
+
+
+class LocalStrategy:
+    """Stand-in for Molt's FSDP strategy: local backward and optimizer step (no collectives)."""
+
+    dp_size = 1
+
+    def __init__(self, args):
+        self.args = args
+
+    def backward(self, loss, model, optimizer, **_):
+        loss.backward()
+
+    def optimizer_step(self, optimizer, model, scheduler, **_):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def get_grad_norm(self, model):
+        return torch.zeros(())
+
+
+def molt_args(setup: str, agent_path: str):
+    from molt_flashreinforce.launch.molt_cli import parse_and_validate
+
+    common = ["--actor.model_name_or_path", "tiny", "--train.agent_path", agent_path, *RECIPE_FLAGS]
+    if setup == "stock":
+        return parse_and_validate([*common, "--algo.advantage.estimator", "flash_reinforce",
+                                   "--actor.loss_mode", "ppo"])
+    q = {"ours_q1": "1.0", "ours_q09": "0.9"}[setup]
+    return parse_and_validate([*common, "--algo.advantage.estimator", "flashreinforce",
+                               "--actor.loss_mode", "flashreinforce", "--flashreinforce.delta", str(DELTA),
+                               "--flashreinforce.entropy_filter_q", q])
+
+
+def build_actor(device: str):
+    from molt.models.actor import Actor
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32_768,
+                         tie_word_embeddings=False, attn_implementation="sdpa")
+    model = Qwen2ForCausalLM(config).to(device=device, dtype=torch.bfloat16)
+    return Actor(model, temperature=1.0)
+
+
+def build_trainer(setup: str, device: str, agent_path: str):
+    from molt.trainer.workers import policy_actor
+
+    from molt_flashreinforce.plugin import register
+
+    register()
+    policy_actor.torch_dist_barrier_and_cuda_sync = lambda: None  # no process group in this benchmark
+    args = molt_args(setup, agent_path)
+    actor = build_actor(device)
+    optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-6)
+    scheduler = SimpleNamespace(get_last_lr=lambda: [1e-6])
+    return policy_actor.PolicyTrainer(LocalStrategy(args), actor, optimizer, scheduler, vllm_engines=None)
+
+
+def make_experience(actor, length: int, device: str):
+    """One failed trajectory whose stored sampling log-probs sit just below the current ones (admitted)."""
+    from molt.trainer.algorithm.experience import Experience
+
+    generator = torch.Generator().manual_seed(length)
+    sequences = torch.randint(0, VOCAB, (1, length), generator=generator).to(device)
+    actions = length - length // 16
+    action_mask = torch.ones(1, actions, dtype=torch.bool, device=device)
+    attention_mask = torch.ones(1, length, dtype=torch.long, device=device)
+    with torch.no_grad():
+        current = actor(sequences, action_mask, attention_mask=attention_mask)["action_log_probs"]
+    return Experience(sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
+                      rollout_log_probs=current - 1e-3, advantages=torch.full_like(current, -0.5),
+                      info={"reward": torch.zeros(1, device=device)})
+
+
+def step(trainer, experience) -> None:
+    trainer.training_step(experience, kl_ctl=0.0, batch_num_tokens=experience.action_mask.sum(),
+                          num_microbatches=1, is_optimizer_step=True,
+                          batch_num_seqs=torch.tensor(1, device=experience.sequences.device))
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_peak_memory(setup: str, length: int, device: str) -> dict:
+    """Child process: one training step; the peak memory it reached, in MiB."""
+    with tempfile.NamedTemporaryFile(suffix=".py") as agent:
+        trainer = build_trainer(setup, device, agent.name)
+        experience = make_experience(trainer.actor, length, device)
+        if device == "cuda":
+            synchronize(device)
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        step(trainer, experience)
+        synchronize(device)
+    if device == "cuda":
+        return {"peak_mib": torch.cuda.max_memory_allocated() / 2**20, "before_step_mib": before / 2**20}
+    # Linux reports ru_maxrss in KiB. It covers the whole process: interpreter, model, inputs, step.
+    return {"peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def peak_memory_in_fresh_process(setup: str, length: int, device: str) -> dict:
+    result = subprocess.run([sys.executable, __file__, "--device", device, "--child", setup, str(length)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"memory probe {setup} S={length} failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def measure_times(length: int, device: str, repeats: int, warmup: int) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".py") as agent:
+        trainers = {setup: build_trainer(setup, device, agent.name) for setup in SETUPS}
+    experiences = {setup: make_experience(trainer.actor, length, device) for setup, trainer in trainers.items()}
+    samples = {setup: [] for setup in SETUPS}
+    for round_index in range(warmup + repeats):
+        for setup in SETUPS:  # interleaved so drift in machine load hits every setup alike
+            synchronize(device)
+            start = time.perf_counter()
+            step(trainers[setup], experiences[setup])
+            synchronize(device)
+            if round_index >= warmup:
+                samples[setup].append(time.perf_counter() - start)
+    return {setup: {"median_s": statistics.median(values), "samples_s": values} for setup, values in samples.items()}
+
+
+def ratios(values: dict) -> dict:
+    return {"ours_q09/ours_q1": values["ours_q09"] / values["ours_q1"],
+            "ours_q1/stock": values["ours_q1"] / values["stock"],
+            "ours_q09/stock": values["ours_q09"] / values["stock"]}
+
+
+def run(lengths, device: str, repeats: int, warmup: int, timed: bool) -> dict:
+    record = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "machine": platform.processor() or platform.machine(), "vocab": VOCAB,
+              "repeats": repeats if timed else 0, "warmup": warmup if timed else 0,
+              "model": "Qwen2 hidden 64, 2 layers, bf16, in molt.models.actor.Actor", "lengths": {}}
+    if device == "cuda":
+        record["gpu"] = torch.cuda.get_device_name()
+    print(f"device={device} V={VOCAB} bf16, one trajectory of S tokens per micro-batch; "
+          "peak memory in a fresh process per setup"
+          + (f", time = median of {repeats} interleaved steps after {warmup} warm-up" if timed else ""))
+    print(f"{'S':>6} {'setup':>9} {'peak MiB':>10} {'step s':>8}")
+    for length in lengths:
+        memory = {setup: peak_memory_in_fresh_process(setup, length, device) for setup in SETUPS}
+        peaks = {setup: memory[setup]["peak_mib"] for setup in SETUPS}
+        entry = record["lengths"][str(length)] = {"memory": memory, "peak_ratios": ratios(peaks)}
+        medians = {setup: float("nan") for setup in SETUPS}
+        if timed:
+            entry["time"] = measure_times(length, device, repeats, warmup)
+            medians = {setup: entry["time"][setup]["median_s"] for setup in SETUPS}
+            entry["time_ratios"] = ratios(medians)
+        for setup in SETUPS:
+            print(f"{length:>6} {setup:>9} {peaks[setup]:>10.0f} {medians[setup]:>8.2f}")
+        for name, value in ratios(peaks).items():
+            print(f"{length:>6} peak {name:<16} {value:6.3f}   time {ratios(medians)[name]:6.3f}")
+    return record
+
+
+def parse_lengths(text: str):
+    try:
+        lengths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        lengths = ()
+    if not lengths or min(lengths) < 32:
+        raise SystemExit(f"--lengths {text!r}: expected comma-separated token counts of at least 32, "
+                         "e.g. --lengths 8192,16384")
+    return lengths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
+                        help="comma-separated sequence lengths (tokens per micro-batch)")
+    parser.add_argument("--quick", action="store_true", help=f"lengths {QUICK_LENGTHS}, one timed step")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per setup")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per setup before them")
+    parser.add_argument("--memory-only", action="store_true", help="skip the timing")
+    parser.add_argument("--out", type=Path, help="write the measurements to this JSON file (lengths it already "
+                        "holds for the same device and not measured again are kept)")
+    parser.add_argument("--child", nargs=2, metavar=("SETUP", "LENGTH"), help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here; run on a GPU node or use --device cpu")
+    if options.child:
+        setup, length = options.child
+        print(json.dumps(measure_peak_memory(setup, int(length), options.device)))
+        return
+    if options.repeats < 1 or options.warmup < 0:
+        raise SystemExit(f"--repeats {options.repeats} --warmup {options.warmup}: need --repeats >= 1 "
+                         "and --warmup >= 0")
+    lengths = QUICK_LENGTHS if options.quick else parse_lengths(options.lengths)
+    record = run(lengths, options.device, 1 if options.quick else options.repeats, options.warmup,
+                 timed=not options.memory_only)
+    if options.out:
+        if options.out.exists():  # lengths measured by earlier runs stay, unless measured again here
+            earlier = json.loads(options.out.read_text())
+            if earlier.get("device") == record["device"]:
+                record["lengths"] = {**earlier["lengths"], **record["lengths"]}
+        options.out.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {options.out}")
+
+
+if __name__ == "__main__":
+    main()
