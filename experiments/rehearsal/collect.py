@@ -4,7 +4,8 @@
 
 Each RUN_DIR is a `rehearsal=cpu` run directory (it holds rehearsal/summary.json). The table
 gives what docs/rehearsal.md and the README quote: steps, lag, acceptance, reward, vllm_kl at
-step 1, weight checks and wall time per phase, with the machine it was measured on.
+step 1, weight checks (landed / refits; a resumed run also refits once at its start) and wall
+time per phase, with the machine it was measured on.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main(run_dirs: list[str], note: str = "") -> None:
             "experiment", "algo", "steps", "resumed_from_step", "policy_lag_mean", "policy_lag_max",
             "versions_mixed_fraction", "acceptance_rate", "reward_mean", "vllm_kl_first_step", "phases_s")}
             | {"weight_checks_landed": sum("landed on every" in line for line in summary["weight_checks"]),
+               "weight_checks": len(summary["weight_checks"]),
                "wall_s": round(sum(summary["phases_s"].values()), 1)})
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     (HERE / "results.json").write_text(json.dumps({"machine": machine, "note": note, "rehearsals": rows}, indent=1) + "\n")
@@ -44,7 +46,7 @@ def main(run_dirs: list[str], note: str = "") -> None:
             f"| {row['experiment']} | {row['algo']} | {steps} | {fmt(row['policy_lag_mean'])} / {fmt(row['policy_lag_max'])} "
             f"| {fmt(row['versions_mixed_fraction'])} "
             f"| {fmt(row['acceptance_rate'])} | {fmt(row['reward_mean'])} | {fmt(row['vllm_kl_first_step'])} "
-            f"| {row['weight_checks_landed']}/{row['steps']} | {row['wall_s']} |"
+            f"| {row['weight_checks_landed']}/{row['weight_checks']} | {row['wall_s']} |"
         )
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
 
