@@ -231,3 +231,19 @@ def test_per_expert_weights_fill_the_fused_moe_tensors(tmp_path, monkeypatch):
     torch.testing.assert_close(experts.gate_up_proj[3], torch.cat([sent["model.layers.0.mlp.experts.3.gate_proj.weight"],
                                                                   sent["model.layers.0.mlp.experts.3.up_proj.weight"]]))
     torch.testing.assert_close(experts.down_proj[5], sent["model.layers.0.mlp.experts.5.down_proj.weight"])
+
+
+def test_min_tokens_masks_eos_in_the_returned_log_probs(engine):
+    """vLLM keeps EOS out of the distribution until min_tokens: the returned log-probs must describe
+    that masked distribution, and no EOS may appear before it."""
+    prompt = [151644, 40, 41]
+    out = asyncio.run(engine.generate(prompt, Sampling(max_tokens=6, min_tokens=6, temperature=1.0, seed=1)))
+    choice = out["choices"][0]
+    tokens = choice["token_ids"]
+    assert len(tokens) == 6 and not set(tokens) & engine.eos_ids
+    with torch.no_grad():
+        logits = engine.model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+    logits[:, sorted(engine.eos_ids)] = -math.inf
+    expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None]).squeeze(1)
+    returned = torch.tensor([entry["logprob"] for entry in choice["logprobs"]["content"]])
+    torch.testing.assert_close(returned, expected, rtol=1e-4, atol=1e-4)

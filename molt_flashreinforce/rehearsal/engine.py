@@ -142,6 +142,7 @@ class CpuRolloutEngine:
         self.vocab_size = int(config.vocab_size)
         eos = getattr(self.model.generation_config, "eos_token_id", None) or config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self._eos_index = torch.tensor(sorted(self.eos_ids))
         self._generator = torch.Generator().manual_seed(seed)
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -172,7 +173,10 @@ class CpuRolloutEngine:
             with torch.no_grad():
                 out = self.model(input_ids=next_input, past_key_values=cache, use_cache=True)
             cache = out.past_key_values
-            log_probs = processed_log_probs(out.logits[0, -1], sampling)
+            logits = out.logits[0, -1]
+            if len(tokens) < sampling.min_tokens:  # as vLLM: EOS is masked out, so it is never drawn
+                logits = logits.index_fill(0, self._eos_index, -math.inf)
+            log_probs = processed_log_probs(logits, sampling)
             if sampling.temperature < SAMPLING_EPS:
                 token = int(torch.argmax(log_probs))
             else:
@@ -181,7 +185,7 @@ class CpuRolloutEngine:
             entries.append(self._logprob_entry(token, log_probs, sampling.logprobs))
             next_input = torch.tensor([[token]])
             await asyncio.sleep(0)  # let other requests and the refit's RPCs run
-            if token in self.eos_ids and not sampling.ignore_eos and len(tokens) >= sampling.min_tokens:
+            if token in self.eos_ids and not sampling.ignore_eos:
                 finish = "stop"
                 break
         return {"choices": [{"index": 0, "token_ids": tokens, "logprobs": {"content": entries}, "finish_reason": finish}]}
