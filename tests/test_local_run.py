@@ -68,6 +68,41 @@ def test_resume_continues_bit_for_bit(tmp_path):
     assert read_scalars(tmp_path / "straight")[tags.REWARD_MEAN] == read_scalars(tmp_path / "resumed")[tags.REWARD_MEAN]
 
 
+def test_a_cached_warm_start_gives_the_same_run_and_is_keyed_by_what_it_depends_on(tmp_path, capsys):
+    cache = str(tmp_path / "warm_starts")
+    uncached = run(_cfg(steps=4), tmp_path / "uncached")
+    first = run(_cfg(steps=4, warm_start={"steps": 20, "batch_size": 32, "lr": 1e-2, "cache_dir": cache}),
+                tmp_path / "first")
+    assert "supervised steps in" in capsys.readouterr().out  # the first run computes and stores it
+    second = run(_cfg(steps=4, warm_start={"steps": 20, "batch_size": 32, "lr": 1e-2, "cache_dir": cache}),
+                 tmp_path / "second")
+    assert "Warm start: loaded from" in capsys.readouterr().out
+    for summary in (first, second):
+        assert [tuple(x) for x in summary["eval_history"]] == [tuple(x) for x in uncached["eval_history"]]
+        assert summary["warm_start_loss"] == uncached["warm_start_loss"]
+    a = torch.load(tmp_path / "uncached/checkpoints/step_000004.pt", weights_only=False)["trainer"]
+    b = torch.load(tmp_path / "second/checkpoints/step_000004.pt", weights_only=False)["trainer"]
+    for key in a["policy"]:
+        assert torch.equal(a["policy"][key], b["policy"][key]), key
+    assert torch.equal(a["prompt_generator"], b["prompt_generator"])
+    # Another warm-start schedule, and another seed, are other entries.
+    run(_cfg(steps=1, warm_start={"steps": 10, "batch_size": 32, "lr": 1e-2, "cache_dir": cache}), tmp_path / "other")
+    assert "supervised steps in" in capsys.readouterr().out
+    assert len(list((tmp_path / "warm_starts").glob("seed3_*.pt"))) == 2
+
+
+def test_eval_sampling_seed_measures_noise_without_changing_the_default_eval(tmp_path):
+    from molt_flashreinforce.local.trainer import LocalTrainer
+
+    cfg = _cfg(task={"max_operand": 9, "eval_size": 40})
+    trainer = LocalTrainer(LocalConfig.from_node(cfg.local), cfg.algo, 3)
+    trainer.warm_start()
+    default = trainer.evaluate()
+    assert trainer.evaluate() == default == trainer.evaluate(sampling_seed=trainer.cfg.task.eval_seed)
+    others = {trainer.evaluate(sampling_seed=s)["eval/eval_tiny_pass1"] for s in range(8)}
+    assert len(others) > 1  # other sampling seeds draw other samples of the same policy
+
+
 def test_resume_refuses_changed_settings(tmp_path):
     run(_cfg(steps=2), tmp_path)
     with pytest.raises(ValueError, match="different settings.*policy_lag"):

@@ -42,6 +42,7 @@ class WarmStartConfig:
     steps: int = 300  # supervised (teacher-forced) updates before RL; 0 = start from random weights
     batch_size: int = 128
     lr: float = 3e-3
+    cache_dir: str | None = None  # share finished warm starts between runs (local/warm_start_cache.py)
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,13 @@ Layout of `run_dir`:
     summary.json          the returned summary
 
 A fresh run measures the random-init policy, runs the supervised warm start (reported apart from
-RL), evaluates at step 0, then performs `local.steps` updates with a progress bar, evaluating
+RL; loaded instead when `local.warm_start.cache_dir` already holds it), evaluates at step 0, then performs `local.steps` updates with a progress bar, evaluating
 every `local.eval.every` updates and at the end, and prints a one-line summary.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import resource
 import time
@@ -23,6 +24,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from molt_flashreinforce import metrics as tags
+from molt_flashreinforce.local import warm_start_cache
 from molt_flashreinforce.local.checkpoint import check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
 from molt_flashreinforce.local.config import LocalConfig
 from molt_flashreinforce.local.trainer import LocalTrainer
@@ -36,6 +38,7 @@ def _fingerprint(cfg: LocalConfig, algo: Any, seed: int) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     local = {k: v for k, v in vars(cfg).items() if k not in _RESUME_MAY_CHANGE}
+    local["warm_start"] = dataclasses.replace(cfg.warm_start, cache_dir=None)  # where it is kept, not what it is
     algo_plain = OmegaConf.to_container(algo, resolve=True) if OmegaConf.is_config(algo) else dict(algo)
     return {"local": repr(local), "algo": repr(sorted(algo_plain.items())), "seed": seed}
 
@@ -62,7 +65,7 @@ def run(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
         record = saved["record"]
         print(f"Resuming {run_dir} from {latest.name} (update {trainer.version} of {local.steps}).")
     else:
-        record = _warm_start(trainer, local)
+        record = _warm_start(trainer, local, seed)
     writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=trainer.version + 1 if latest else None)
     if latest is None:
         writer.add_scalar(tags.ROLLOUTS_CONSUMED, 0.0, 0)
@@ -127,7 +130,16 @@ def run(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
     return summary
 
 
-def _warm_start(trainer: LocalTrainer, local: LocalConfig) -> dict[str, Any]:
+def _warm_start(trainer: LocalTrainer, local: LocalConfig, seed: int) -> dict[str, Any]:
+    cache = warm_start_cache.cache_file(local, seed)
+    cached = warm_start_cache.load(cache)
+    if cached is not None:
+        trainer.load_warm_start(cached["state"])
+        record = cached["record"]
+        print(f"Warm start: loaded from {cache} ({local.warm_start.steps} supervised steps that took "
+              f"{record['warm_start_wall_s']:.1f} s); eval pass@1 {record['eval_pass1_random_init']:.3f} -> "
+              f"{record['eval_history'][0][1]:.3f}. RL starts from here.")
+        return record
     random_init = trainer.evaluate()[tags.eval_pass1(local.task.datasource)]
     started = time.perf_counter()
     loss = trainer.warm_start() if local.warm_start.steps else float("nan")
@@ -136,10 +148,13 @@ def _warm_start(trainer: LocalTrainer, local: LocalConfig) -> dict[str, Any]:
     if local.warm_start.steps:
         print(f"Warm start: {local.warm_start.steps} supervised steps in {wall:.1f} s (final loss {loss:.3f}); "
               f"eval pass@1 {random_init:.3f} -> {start:.3f}. RL starts from here.")
-    return {
+    record = {
         "eval_pass1_random_init": random_init,
         "warm_start_loss": loss,
         "warm_start_wall_s": wall,
         "rl_wall_s": 0.0,
         "eval_history": [(0, start)],
     }
+    if cache is not None:
+        warm_start_cache.store(cache, trainer.warm_start_state(), record)
+    return record

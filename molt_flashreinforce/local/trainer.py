@@ -77,6 +77,17 @@ class LocalTrainer:
         self.snapshots.record(0, self.policy)
         return loss.item()
 
+    def warm_start_state(self) -> dict[str, Any]:
+        """What a warm start changed: the policy and how far it drew training prompts."""
+        return {"policy": self.policy.state_dict(), "prompt_generator": self.prompt_generator.get_state()}
+
+    def load_warm_start(self, state: dict[str, Any]) -> None:
+        """Continue as if `warm_start()` had just produced `state` (see `warm_start_state`)."""
+        self.policy.load_state_dict(state["policy"])
+        self.prompt_generator.set_state(state["prompt_generator"])
+        self.policy.eval()
+        self.snapshots.record(0, self.policy)
+
     def collect(self) -> tuple[Rollouts, torch.Tensor]:
         """The batch for update `version`, sampled by the snapshot `policy_lag` versions back."""
         behavior_version = self.snapshots.behavior_version(self.version)
@@ -137,11 +148,13 @@ class LocalTrainer:
         return self.update(*self.collect())
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, sampling_seed: int | None = None) -> dict[str, float]:
         """Mean reward over the held-out problems, one sample each at the eval temperature (avg@1).
-        A fixed generator seed makes it a deterministic function of the weights."""
+        A fixed generator seed (`local.task.eval_seed` unless `sampling_seed` is given) makes it a
+        deterministic function of the weights; other seeds measure the eval's sampling noise."""
         problems = self.task.eval_problems()
-        generator = torch.Generator(self.device).manual_seed(self.cfg.task.eval_seed)
+        seed = self.cfg.task.eval_seed if sampling_seed is None else sampling_seed
+        generator = torch.Generator(self.device).manual_seed(seed)
         rollouts = sample(self.policy, problems.prompt_ids.to(self.device), self.task.max_new_tokens,
                           self.cfg.eval.temperature, generator, self.task.eos_id, self.task.pad_id, self.version)
         rewards = self.task.rewards(rollouts.response_ids.cpu(), problems.answers)
