@@ -15,6 +15,11 @@ NUM_ROLLOUTS = "train/rollout/num_rollouts"
 RESPONSE_LENGTH_MEAN = "train/rollout/response_length_mean"
 TRUNCATED_RATE = "train/rollout/truncated_rate"
 
+# ── step timing (Molt: rl_trainer.py, the `timing/*` keys; seconds) ──
+# From the end of the previous training step (or of an eval) to the end of this one: waiting
+# for rollouts plus the train step. The local backend logs the time of its sample-and-update.
+STEP_TIME = "train/timing/step_total"
+
 # ── actor statistics (Molt: policy_actor.py) ──
 POLICY_LOSS = "train/policy_loss"
 ADVANTAGE_MEAN = "train/advantage_mean"
@@ -33,6 +38,9 @@ ROLLOUTS_CONSUMED = "train/rollouts_consumed"  # cumulative trajectories trained
 POLICY_VERSIONS_MIXED = "train/policy_versions_mixed_fraction"  # trajectories spanning a refit
 TOOL_CALLS = "train/tool_calls"  # numeric agent `Result.info` key `tool_calls`
 TURNS = "train/turns"
+# Cumulative token counts, written by the local backend (Molt logs none).
+GENERATED_TOKENS = "train/generated_tokens"  # response tokens sampled by the policy
+TRAINED_TOKENS = "train/trained_tokens"  # prompt + response tokens through forward/backward
 
 
 def eval_pass1(datasource: str) -> str:
