@@ -136,7 +136,7 @@ def test_molt_run_gpu_hours_are_placement_times_summed_step_time(tmp_path, capsy
     out = capsys.readouterr().out
     assert "| step 600 | 4 | 512 | 6 min 40 s | 1.78 | 288,200 | 486,400 | 30.3 | 30.0 | -0.3 |" in out
     assert "| best eval | 2 | 256 | 3 min 20 s | 0.89 | 144,100 | 243,200 |" in out
-    assert "GPUs held: 16 GPUs: actor 1 x 8, vLLM 4 x 2" in out and "cost n/a" not in out
+    assert "GPUs held: 16 GPUs (actor 1 node(s) x 8, vLLM 4 engines x 2)" in out and "cost n/a" not in out
 
 
 def test_molt_run_cost_is_na_when_molt_skipped_steps_or_the_record_is_missing(tmp_path, capsys):

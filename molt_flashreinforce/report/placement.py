@@ -74,8 +74,8 @@ def _molt(record: dict[str, Any]) -> Placement:
     for key in ("molt.vllm.pipeline_parallel_size", "molt.vllm.data_parallel_size"):
         engine_gpus *= int(_get(record, key) or MOLT_DEFAULT_PARALLEL)
     vllm_gpus = values["placement.vllm.engines"] * engine_gpus
-    describe = (f"{actor_gpus + vllm_gpus} GPUs: actor {values['placement.actor.nodes']} x "
-                f"{values['placement.actor.gpus_per_node']}, vLLM {values['placement.vllm.engines']} x {engine_gpus}")
+    describe = (f"{actor_gpus + vllm_gpus} GPUs (actor {values['placement.actor.nodes']} node(s) x "
+                f"{values['placement.actor.gpus_per_node']}, vLLM {values['placement.vllm.engines']} engines x {engine_gpus})")
     if _get(record, "rehearsal.mode") == "cpu":
         return Placement(None, dp_ranks, describe, missing="a CPU rehearsal (its GPUs are logical Ray resources)")
     return Placement(actor_gpus + vllm_gpus, dp_ranks, describe)
