@@ -14,6 +14,12 @@ ROLLOUT_PASS1 = "train/rollout/pass1"
 NUM_ROLLOUTS = "train/rollout/num_rollouts"
 RESPONSE_LENGTH_MEAN = "train/rollout/response_length_mean"
 TRUNCATED_RATE = "train/rollout/truncated_rate"
+NUM_SAMPLES = "train/rollout/num_samples"  # generated rows (trajectories) the step's means are over
+
+# ── step timing (Molt: rl_trainer.py, the `timing/*` keys; seconds) ──
+# From the end of the previous training step (or of an eval) to the end of this one: waiting
+# for rollouts plus the train step. The local backend logs the time of its sample-and-update.
+STEP_TIME = "train/timing/step_total"
 
 # ── actor statistics (Molt: policy_actor.py) ──
 POLICY_LOSS = "train/policy_loss"
@@ -22,6 +28,8 @@ ACTOR_LR = "train/actor_lr"
 ACTOR_GRAD_NORM = "train/actor_grad_norm"
 IS_FILTER_RATIO = "train/is_filter_ratio"  # fraction of trajectories the trust region rejected
 VLLM_KL = "train/vllm_kl"
+# Experience.total_length (prompt + response tokens), averaged over the trained samples
+TOTAL_LENGTH_MEAN = "train/total_length"
 
 # ── added by this package ──
 ACCEPTANCE_RATE = "train/flashreinforce/acceptance_rate"  # 1 - is_filter_ratio
@@ -33,6 +41,10 @@ ROLLOUTS_CONSUMED = "train/rollouts_consumed"  # cumulative trajectories trained
 POLICY_VERSIONS_MIXED = "train/policy_versions_mixed_fraction"  # trajectories spanning a refit
 TOOL_CALLS = "train/tool_calls"  # numeric agent `Result.info` key `tool_calls`
 TURNS = "train/turns"
+# Cumulative token counts, written by the local backend; Molt logs none, so the report derives
+# them for Molt runs from the per-step means above (report/cost.py).
+GENERATED_TOKENS = "train/generated_tokens"  # response tokens sampled by the policy
+TRAINED_TOKENS = "train/trained_tokens"  # prompt + response tokens through forward/backward
 
 
 def eval_pass1(datasource: str) -> str:

@@ -38,11 +38,15 @@ def test_run_writes_molt_metric_names_checkpoints_and_a_summary(tmp_path):
     train_tags = {tags.REWARD_MEAN, tags.REWARD_STD, tags.ROLLOUT_PASS1, tags.NUM_ROLLOUTS,
                   tags.RESPONSE_LENGTH_MEAN, tags.TRUNCATED_RATE, tags.POLICY_LOSS, tags.ADVANTAGE_MEAN,
                   tags.ACTOR_LR, tags.ACTOR_GRAD_NORM, tags.VLLM_KL, tags.IS_FILTER_RATIO, tags.ACCEPTANCE_RATE,
-                  tags.SEQUENCE_KL_MEAN, tags.RETAINED_TOKEN_FRACTION, tags.POLICY_LAG_MEAN, tags.POLICY_LAG_MAX}
+                  tags.SEQUENCE_KL_MEAN, tags.RETAINED_TOKEN_FRACTION, tags.POLICY_LAG_MEAN, tags.POLICY_LAG_MAX,
+                  tags.STEP_TIME}
     for tag in train_tags:
         assert [step for step, _ in scalars[tag]] == list(range(1, 7)), tag
     assert [v for _, v in scalars[tags.POLICY_LAG_MAX]] == [0, 1, 2, 2, 2, 2]
     assert scalars[tags.ROLLOUTS_CONSUMED] == tuple((s, 16.0 * s) for s in range(7))
+    for counter in (tags.GENERATED_TOKENS, tags.TRAINED_TOKENS):
+        assert [s for s, _ in scalars[counter]] == list(range(7)) and scalars[counter][0][1] == 0.0
+    assert sum(t for _, t in scalars[tags.STEP_TIME]) <= summary["rl_wall_s"]  # evals and checkpoints excluded
     assert [s for s, _ in scalars["eval/eval_tiny_pass1"]] == [0, 3, 6]
     assert {v for _, v in scalars[tags.NUM_ROLLOUTS]} == {16.0}
     for _, rate in scalars[tags.ACCEPTANCE_RATE]:
@@ -65,7 +69,13 @@ def test_resume_continues_bit_for_bit(tmp_path):
     for key in a["policy"]:
         assert torch.equal(a["policy"][key], b["policy"][key]), key
     assert [tuple(x) for x in straight["eval_history"]] == [tuple(x) for x in resumed["eval_history"]]
-    assert read_scalars(tmp_path / "straight")[tags.REWARD_MEAN] == read_scalars(tmp_path / "resumed")[tags.REWARD_MEAN]
+    straight_scalars, resumed_scalars = read_scalars(tmp_path / "straight"), read_scalars(tmp_path / "resumed")
+    assert straight_scalars[tags.REWARD_MEAN] == resumed_scalars[tags.REWARD_MEAN]
+    # The token counters continue across the resume instead of restarting at 0.
+    for counter in (tags.GENERATED_TOKENS, tags.TRAINED_TOKENS):
+        assert straight_scalars[counter] == resumed_scalars[counter], counter
+        assert a[counter.removeprefix("train/")] == b[counter.removeprefix("train/")] == straight_scalars[counter][-1][1]
+    assert (straight["generated_tokens"], straight["trained_tokens"]) == (resumed["generated_tokens"], resumed["trained_tokens"])
 
 
 def test_a_cached_warm_start_gives_the_same_run_and_is_keyed_by_what_it_depends_on(tmp_path, capsys):

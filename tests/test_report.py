@@ -28,6 +28,7 @@ from molt_flashreinforce.report.runs import expand_run_dirs
 
 HYDRA_APP = Path(__file__).parent / "fixtures" / "report" / "hydra_app" / "app.py"
 TOOL_TASKS = ("amc23", "minerva", "aime25")
+NO_COST = "n/a | n/a | n/a | n/a"  # the cost cells of a run that logged no step times or token counts
 
 
 def write_events(run_dir: Path, scalars: dict[str, dict[int, float]], subdir: str = "tensorboard/run") -> None:
@@ -129,7 +130,7 @@ def test_metric_missing_from_a_run_says_not_in_this_run(tmp_path, capsys):
     assert status == 0, err
     calls_line = next(line for line in out.splitlines() if "tool calls per trajectory | step 600" in line)
     cells = [cell.strip() for cell in calls_line.strip("|").split("|")]
-    assert cells[6] == "not in this run" and cells[7] == "—"
+    assert cells[10] == "not in this run" and cells[11] == "—"
     assert f"no {metrics.TOOL_CALLS}" in out  # the note under the table names the absent tag
 
 
@@ -181,8 +182,8 @@ def test_r1_curve_final_and_infinite_delta_arm(tmp_path, capsys):
     assert only(rows, run="is_only", row="mean_1024")["provenance"] == "secondary"
     status, out, _ = report(capsys, run)
     # Shown at the paper's precision: two decimals where [P3t] gives two, one where [R] gives one.
-    assert f"| step 1,024 | 1,024 | — | 25.73 | {(0.2 + 1024 / 60000 + 0.2) / 2 * 100:.2f} |" in out
-    assert "| step 0 | 0 | — | 21.7 | 20.0 | -1.7 |" in out
+    assert f"| step 1,024 | 1,024 | — | {NO_COST} | 25.73 | {(0.2 + 1024 / 60000 + 0.2) / 2 * 100:.2f} |" in out
+    assert f"| step 0 | 0 | — | {NO_COST} | 21.7 | 20.0 | -1.7 |" in out
 
 
 def test_math_budget_peak_and_rejection_rate(tmp_path, capsys):
@@ -316,7 +317,8 @@ def test_markdown_and_latex_render(tmp_path, capsys):
                    tool_scalars({task: {600: 0.25} for task in TOOL_TASKS}, {600: 0.5}), overrides=["algo=grpo"])
     status, out, _ = report(capsys, run)
     assert status == 0
-    assert "| experiment=python_tool_qwen2p5_7b algo=grpo | AMC23/Minerva/AIME25 mean avg@4 (%) | step 600 | 600 | — | 30.3 | 25.0 | -5.3 |" in out
+    assert ("| experiment=python_tool_qwen2p5_7b algo=grpo | AMC23/Minerva/AIME25 mean avg@4 (%) | step 600 | 600 | — | "
+            f"{NO_COST} | 30.3 | 25.0 | -5.3 |") in out
     assert "[H] FlashREINFORCE project page results table (primary)" in out
     status, out, _ = report(capsys, run, "--format", "latex")
     assert status == 0

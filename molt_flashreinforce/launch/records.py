@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from molt_flashreinforce.launch.render import MoltCommand
 
 RECORDS_SUBDIR = "launch"
+RESOLVED_CONFIG = "config.yaml"  # also read by the report (report/placement.py)
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH")
 _VERSIONED_PACKAGES = (
     "molt-rl",
@@ -76,7 +77,7 @@ def git_state(directory: Path) -> dict[str, object]:
 def write_records(run_dir: Path, cfg: DictConfig, command: MoltCommand | None, warnings: list[str]) -> Path:
     records = run_dir / RECORDS_SUBDIR
     records.mkdir(parents=True, exist_ok=True)
-    (records / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True), encoding="utf-8")
+    (records / RESOLVED_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True), encoding="utf-8")
     if command is not None:
         script = records / "molt_command.sh"
         script.write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + command.shell(sys.executable), encoding="utf-8")

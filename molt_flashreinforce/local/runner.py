@@ -1,7 +1,8 @@
 """`run(cfg, run_dir) -> summary`: one local (CPU) training run, resumable in place.
 
 Layout of `run_dir`:
-    tensorboard/          event files, Molt's tag names (molt_flashreinforce.metrics)
+    tensorboard/          event files, Molt's tag names (molt_flashreinforce.metrics); each
+                          update also logs its own duration under Molt's step-time tag
     checkpoints/          step_<version>.pt; rerunning in the same run_dir resumes from the latest
     summary.json          the returned summary
 
@@ -68,7 +69,8 @@ def run(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
         record = _warm_start(trainer, local, seed)
     writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=trainer.version + 1 if latest else None)
     if latest is None:
-        writer.add_scalar(tags.ROLLOUTS_CONSUMED, 0.0, 0)
+        for counter in (tags.ROLLOUTS_CONSUMED, tags.GENERATED_TOKENS, tags.TRAINED_TOKENS):
+            writer.add_scalar(counter, 0.0, 0)
         writer.add_scalar(tags.eval_pass1(source), record["eval_history"][0][1], 0)
 
     checkpoint_path = latest
@@ -76,7 +78,10 @@ def run(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
     bar = tqdm(total=local.steps, initial=min(trainer.version, local.steps), unit="update",
                desc=f"{algo.name} lag={local.policy_lag}", disable=not local.progress_bar, dynamic_ncols=True)
     while trainer.version < local.steps:
+        step_started = time.perf_counter()
         logged = trainer.step()
+        # Sampling and the update only: evals and checkpoints are not training time.
+        logged[tags.STEP_TIME] = time.perf_counter() - step_started
         version = trainer.version
         for tag, value in logged.items():
             writer.add_scalar(tag, value, version)
@@ -107,6 +112,8 @@ def run(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
         "loss_path": type(trainer.objective).__name__,
         "updates": trainer.version,
         "rollouts_consumed": trainer.rollouts_consumed,
+        "generated_tokens": trainer.generated_tokens,
+        "trained_tokens": trainer.trained_tokens,
         "eval_pass1_random_init": record["eval_pass1_random_init"],
         "eval_pass1_start": history[0][1],
         "eval_pass1_end": history[-1][1],

@@ -8,6 +8,8 @@
 `version` counts optimizer steps. Update v trains on a batch sampled, with stored log-probs, by
 the policy snapshot of version max(0, v - policy_lag) (`snapshots.PolicySnapshots`). The batch is
 B = `rollouts_per_step` trajectories: B / group_size prompts, each sampled group_size times.
+Each update also counts tokens, cumulatively: generated = the batch's response tokens (its
+mask), trained = its prompt tokens plus those response tokens.
 `state_dict()` holds everything needed to continue bit-for-bit (weights, optimizer, snapshots,
 random generators, counters).
 """
@@ -53,6 +55,8 @@ class LocalTrainer:
         self.sample_generator = torch.Generator(self.device).manual_seed(seed + 1)
         self.version = 0
         self.rollouts_consumed = 0
+        self.generated_tokens = 0
+        self.trained_tokens = 0
         self.snapshots.record(0, self.policy)
 
     def warm_start(self) -> float:
@@ -117,6 +121,9 @@ class LocalTrainer:
         lag = self.version - rollouts.behavior_version
         self.version += 1
         self.rollouts_consumed += mask.shape[0]
+        generated = int(mask.sum())
+        self.generated_tokens += generated
+        self.trained_tokens += rollouts.prompt_ids.numel() + generated  # prompts hold no padding
         self.snapshots.record(self.version, self.policy)
 
         lengths = mask.sum(dim=1).float()
@@ -136,6 +143,8 @@ class LocalTrainer:
             tags.POLICY_LAG_MEAN: float(lag),
             tags.POLICY_LAG_MAX: float(lag),
             tags.ROLLOUTS_CONSUMED: float(self.rollouts_consumed),
+            tags.GENERATED_TOKENS: float(self.generated_tokens),
+            tags.TRAINED_TOKENS: float(self.trained_tokens),
         }
         if stats.acceptance_rate is not None:
             logged[tags.ACCEPTANCE_RATE] = stats.acceptance_rate
@@ -164,6 +173,8 @@ class LocalTrainer:
         return {
             "version": self.version,
             "rollouts_consumed": self.rollouts_consumed,
+            "generated_tokens": self.generated_tokens,
+            "trained_tokens": self.trained_tokens,
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "snapshots": self.snapshots.state_dict(),
@@ -174,6 +185,8 @@ class LocalTrainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.version = state["version"]
         self.rollouts_consumed = state["rollouts_consumed"]
+        self.generated_tokens = state["generated_tokens"]
+        self.trained_tokens = state["trained_tokens"]
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.snapshots.load_state_dict(state["snapshots"])

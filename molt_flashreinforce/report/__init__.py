@@ -2,5 +2,6 @@
 
 `paper` loads the reported numbers (`paper_results.yaml`), `runs` finds Hydra run directories,
 `events` reads their TensorBoard scalars, `protocol` measures a run the way the paper did,
-`table` and `plot` render the comparison, and `cli` is `molt-flashreinforce-report`.
+`placement` reads the GPUs a run held from its launch record, `cost` adds up what a run had
+spent by a step, `table` and `plot` render the comparison, and `cli` is `molt-flashreinforce-report`.
 """

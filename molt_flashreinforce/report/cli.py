@@ -5,7 +5,8 @@
 Each RUN_DIR is a Hydra run directory (or a multirun sweep directory, which expands to its
 jobs) whose TensorBoard event files were written by Molt or by the local backend. Runs are
 grouped by experiment (`--experiment`, else the one recorded in the run's Hydra config); each
-experiment prints one table: paper | this run | difference, one block of rows per run.
+experiment prints one table: paper | this run | difference, one block of rows per run, with
+what the run had spent by the step used (rollouts, wall-clock, GPU-hours, tokens).
 Exit status 0 on success, 2 on bad input (with a message that says what to fix).
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from molt_flashreinforce.report.events import NoEventFilesError, read_scalars
 from molt_flashreinforce.report.paper import DEFAULT_PATH, PaperResults, PaperResultsError, load_paper_results
+from molt_flashreinforce.report.placement import read_placement
 from molt_flashreinforce.report.runs import RunDirError, expand_run_dirs, load_run, row_labels
 from molt_flashreinforce.report.table import FORMATS, RunData, build_rows, render
 
@@ -68,14 +70,15 @@ def collect(paper: PaperResults, run_dirs: list[str], forced_experiment: str | N
     grouped: dict[str, list[RunData]] = {}
     for (path, in_sweep), run, label in zip(located, runs, row_labels(runs)):
         name = _experiment_name(run, forced_experiment, paper)
+        placement = read_placement(path)
         try:
-            data = RunData(run, label, read_scalars(path))
+            data = RunData(run, label, read_scalars(path), placement)
         except NoEventFilesError as err:
             if not in_sweep:
                 raise
             # One failed job should not hide the rest of its sweep.
             print(f"{PROG}: warning: {err}", file=sys.stderr)
-            data = RunData(run, label, None, unreadable="no event files")
+            data = RunData(run, label, None, placement, unreadable="no event files")
         grouped.setdefault(name, []).append(data)
     return grouped
 

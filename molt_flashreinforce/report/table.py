@@ -1,10 +1,12 @@
 """Build the paper-vs-run comparison table and render it as Markdown, CSV or LaTeX.
 
-Contract: `build_rows(paper, experiment, runs)` takes `RunData` (a run, its label and its
-scalars, or why it has none) and returns one `TableRow` per (run, table row of the
-experiment), runs in the given order: paper | this run | difference, plus the step actually
-used and the rollouts consumed by then. `render(tables, fmt, paper)` prints one table per
-experiment; `fmt` is one of `FORMATS`.
+Contract: `build_rows(paper, experiment, runs)` takes `RunData` (a run, its label, its
+scalars or why it has none, and the GPUs it held) and returns one `TableRow` per (run, table
+row of the experiment), runs in the given order: paper | this run | difference, plus the step
+actually used and what the run had spent by then (rollouts, wall-clock, GPU-hours, generated
+and trained tokens; see `cost.py`). `render(tables, fmt, paper)` prints one table per
+experiment; `fmt` is one of `FORMATS`. A cost the run cannot give shows `n/a`; a row without
+a step used has no cost (`—`).
 """
 
 from __future__ import annotations
@@ -14,14 +16,22 @@ import io
 import math
 from dataclasses import dataclass
 
+from molt_flashreinforce import metrics as metric_names
+from molt_flashreinforce.report.cost import Cost, cost_at
 from molt_flashreinforce.report.events import Series
 from molt_flashreinforce.report.paper import Experiment, PaperResults, Reported
+from molt_flashreinforce.report.placement import Placement
 from molt_flashreinforce.report.protocol import NOT_IN_RUN, Measurement, match_arm, measure, paper_value
 from molt_flashreinforce.report.runs import Run
 
 FORMATS = ("md", "csv", "latex")
 NO_VALUE = "—"
-HEADER = ("run", "measure", "protocol", "step used", "rollouts", "paper", "this run", "run − paper", "paper arm", "source")
+NOT_AVAILABLE = "n/a"
+HEADER = ("run", "measure", "protocol", "step used", "rollouts", "wall-clock", "GPU-hours", "generated tokens",
+          "trained tokens", "paper", "this run", "run − paper", "paper arm", "source")
+COST_NOTE = ("Cost is what the run had spent by the end of the step used: wall-clock sums the training steps' "
+             f"{metric_names.STEP_TIME} (no start-up, no evals), GPU-hours = GPUs held x wall-clock, generated tokens "
+             "are the sampled response tokens, trained tokens the prompt + response tokens trained on.")
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,7 @@ class RunData:
     run: Run
     label: str
     scalars: dict[str, Series] | None  # None: no event files (detail in `unreadable`)
+    placement: Placement
     unreadable: str | None = None
 
 
@@ -45,6 +56,8 @@ class TableRow:
     arm_label: str
     decimals: int
     secondary: bool
+    cost: Cost | None  # None: no step used to cost
+    placement: Placement
 
     @property
     def difference(self) -> float | None:
@@ -67,13 +80,14 @@ def build_rows(paper: PaperResults, experiment: Experiment, runs: list[RunData])
                 measurement = Measurement(None, None, missing=NOT_IN_RUN, detail=data.unreadable)
             else:
                 measurement = measure(data.scalars, metric, row.at)
+            cost = None if measurement.step is None else cost_at(data.scalars, data.placement, measurement.step)
             reported = paper_value(paper, experiment, row, arm)
             decimals = metric.decimals if reported is None else max(metric.decimals, _decimals_of(reported.value))
             rows.append(TableRow(
                 experiment=experiment.name, run_label=data.label, run_dir=str(data.run.path), row_id=row.id,
                 measure=metric.label, protocol=row.at.describe(), measurement=measurement, paper=reported,
                 arm_label=arm_label, decimals=decimals,
-                secondary=reported is not None and paper.is_secondary(reported),
+                secondary=reported is not None and paper.is_secondary(reported), cost=cost, placement=data.placement,
             ))
     return rows
 
@@ -96,6 +110,26 @@ def _count(value: float | None) -> str:
     return f"{value:,.0f}"
 
 
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"  # a CPU update takes well under a second
+    minutes, whole = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {whole:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours:,} h {minutes:02d} min"
+
+
+def _cost_cells(cost: Cost | None) -> tuple[str, ...]:
+    if cost is None:
+        return (NO_VALUE,) * 4
+    shown = (
+        (cost.wall_s, _duration), (cost.gpu_hours, lambda hours: f"{hours:,.2f}"),
+        (cost.generated_tokens, _count), (cost.trained_tokens, _count),
+    )
+    return tuple(NOT_AVAILABLE if value is None else formatted(value) for value, formatted in shown)
+
+
 def _display_cells(row: TableRow) -> tuple[str, ...]:
     m = row.measurement
     paper = NO_VALUE
@@ -107,7 +141,7 @@ def _display_cells(row: TableRow) -> tuple[str, ...]:
     if row.paper is not None:
         sources = " ".join(f"[{tag}]" for tag in row.paper.sources) + (" secondary" if row.secondary else "")
     return (
-        row.run_label, row.measure, row.protocol, _count(m.step), _count(m.rollouts), paper,
+        row.run_label, row.measure, row.protocol, _count(m.step), _count(m.rollouts), *_cost_cells(row.cost), paper,
         m.missing if m.value is None else _number(m.value, row.decimals),
         _number(row.difference, row.decimals, signed=True), row.arm_label, sources,
     )
@@ -127,16 +161,36 @@ def _markdown(paper: PaperResults, experiment: Experiment, rows: list[TableRow])
         lines.append("")
         lines.append("Sources: " + "; ".join(
             f"[{tag}] {paper.sources[tag].what} ({paper.sources[tag].kind})" for tag in used_tags) + ".")
+    lines += ["", COST_NOTE]
     missing = [row for row in rows if row.measurement.value is None and row.measurement.detail]
     if missing:
         lines.append("")
         lines += [f"- {row.run_label}, {row.measure} ({row.protocol}): {row.measurement.missing}: "
                   f"{row.measurement.detail}" for row in missing]
+    cost_notes = _cost_notes(rows)
+    if cost_notes:
+        lines.append("")
+        lines += cost_notes
     return "\n".join(lines) + "\n"
 
 
+def _cost_notes(rows: list[TableRow]) -> list[str]:
+    """Per run: the GPUs its GPU-hours count, and why any of its cost cells is n/a."""
+    notes = []
+    for label in dict.fromkeys(row.run_label for row in rows):
+        of_run = [row for row in rows if row.run_label == label]
+        if of_run[0].placement.gpus is not None:
+            notes.append(f"- {label}, GPUs held: {of_run[0].placement.describe}")
+        reasons = dict.fromkeys(reason for row in of_run if row.cost for reason in row.cost.missing)
+        if reasons:
+            notes.append(f"- {label}, cost {NOT_AVAILABLE}: " + "; ".join(reasons))
+    return notes
+
+
 CSV_HEADER = ("experiment", "run", "run_dir", "row", "measure", "protocol", "step_used", "rollouts",
-              "paper", "paper_step", "this_run", "difference", "status", "paper_arm", "sources", "provenance")
+              "wall_s", "gpus", "gpu_hours", "generated_tokens", "trained_tokens",
+              "paper", "paper_step", "this_run", "difference", "status", "cost_status", "paper_arm", "sources",
+              "provenance")
 
 
 def _csv_rows(rows: list[TableRow]) -> list[tuple]:
@@ -145,13 +199,17 @@ def _csv_rows(rows: list[TableRow]) -> list[tuple]:
         m = row.measurement
         provenance = "" if row.paper is None else ("secondary" if row.secondary else "primary")
         status = "" if m.value is not None else f"{m.missing}: {m.detail}" if m.detail else m.missing
+        cost = row.cost or Cost(None, None, None, None)
         out.append((
             row.experiment, row.run_label, row.run_dir, row.row_id, row.measure, row.protocol,
             "" if m.step is None else m.step, "" if m.rollouts is None else m.rollouts,
+            *("" if value is None else value for value in (
+                cost.wall_s, row.placement.gpus, cost.gpu_hours, cost.generated_tokens, cost.trained_tokens)),
             "" if row.paper is None or row.paper.value is None else row.paper.value,
             "" if row.paper is None or row.paper.step is None else row.paper.step,
             "" if m.value is None else m.value, "" if row.difference is None else row.difference,
-            status, row.arm_label, " ".join(row.paper.sources) if row.paper else "", provenance,
+            status, "; ".join(cost.missing), row.arm_label, " ".join(row.paper.sources) if row.paper else "",
+            provenance,
         ))
     return out
 
@@ -168,7 +226,8 @@ def _latex_escape(text: str) -> str:
 def _latex(experiment: Experiment, rows: list[TableRow]) -> str:
     lines = [
         f"% {experiment.title} ({experiment.name}); needs \\usepackage{{booktabs}}",
-        r"\begin{tabular}{lllrrrrrll}",  # text | step, rollouts, paper, run, difference | arm, source
+        # text | step, rollouts, the four costs, paper, run, difference | arm, source
+        r"\begin{tabular}{lllrrrrrrrrrll}",
         r"\toprule",
         " & ".join(_latex_escape(cell) for cell in HEADER) + r" \\",
         r"\midrule",
