@@ -13,11 +13,11 @@ from the same warm start (`local.warm_start.cache_dir`). Stages:
              movement per update and over the lag (mean sequence Bernoulli KL, acceptance). The lag
              study's lr is the largest one whose lag-1 gate rejects at most REGIME_MAX_REJECTION of
              the trajectories: the paper's math run rejects 0.13 % at delta = 3e-3.
-  claim1     FlashREINFORCE 128 prompts x 1 against GRPO 32 x 4, lag 0, the default lr, SEEDS_CLAIM1.
+  claim1     FlashREINFORCE 128 prompts x 1 against GRPO 32 x 4, lag 0, tiny.yaml's lr, Plan.seeds_claim1.
   claim2     at the calibrated lr, lags LAGS: FlashREINFORCE at delta = 3e-3 and delta = inf, and GRPO
-             (delta only acts off-policy, so lag 0 has no delta = inf arm), SEEDS_LAG.
-  fast_lr    the default lr = 3e-4 at lag 8 for the same three arms, SEEDS_LAG: the second, labelled
-             regime, where the policy moves far more than delta during the lag.
+             (at lag 0 the learner is the sampler, so delta = inf would be the same run), Plan.seeds_lag.
+  fast_lr    FAST_LR = 3e-4 at lag 8 for the same three arms, Plan.seeds_lag: the second, labelled regime,
+             where the policy moves far more than delta during the lag.
   noise      the eval's own noise: claim1's final FlashREINFORCE policies, re-evaluated with
              NOISE_SAMPLINGS other sampling seeds.
 
@@ -42,15 +42,30 @@ from multiprocessing import get_context
 from pathlib import Path
 
 DELTA = 3e-3  # the paper's delta for the math run [T15]
-DEFAULT_LR = 3e-4  # conf/experiment/tiny.yaml
-LR_GRID = (3e-4, 1e-4, 5e-5, 2e-5)
+TINY = Path(__file__).resolve().parents[2] / "molt_flashreinforce" / "conf" / "experiment" / "tiny.yaml"
+FAST_LR = 3e-4  # the lr of the first comparison, whose lag-8 gate rejected most trajectories
+LR_GRID = (3e-4, 1e-4, 5e-5)
 REGIME_MAX_REJECTION = 0.01
-CALIBRATION_STEPS = 100
 CALIBRATION_SEEDS = (0, 1)
-SEEDS_CLAIM1 = tuple(range(8))
-SEEDS_LAG = tuple(range(5))
 LAGS = (0, 2, 4, 8)
+LAG_EVAL_EVERY = 50  # the lag study reads end points and acceptance, not the curve's shape
 NOISE_SAMPLINGS = 8
+
+
+def default_lr() -> float:
+    import yaml
+
+    return float(yaml.safe_load(TINY.read_text())["local"]["lr"])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to run; the defaults are the committed comparison."""
+
+    seeds_claim1: tuple[int, ...] = tuple(range(8))
+    seeds_lag: tuple[int, ...] = tuple(range(5))
+    calibration_steps: int = 100
+    overrides: tuple[str, ...] = ()  # added to every job (a miniature of the comparison, in tests)
 
 
 @dataclass(frozen=True)
@@ -76,35 +91,37 @@ def _job(stage: str, algo: str, delta: float | None, lag: int, lr: float, seed: 
     return Job(stage, _arm_name(algo, delta, lag, lr, seed), _arm_overrides(algo, delta, lag, lr, seed) + extra)
 
 
-def calibration_jobs() -> list[Job]:
-    return [_job("calibrate", "flashreinforce", DELTA, lag, lr, seed, f"local.steps={CALIBRATION_STEPS}")
+def calibration_jobs(plan: Plan) -> list[Job]:
+    return [_job("calibrate", "flashreinforce", DELTA, lag, lr, seed, f"local.steps={plan.calibration_steps}",
+                 *plan.overrides)
             for lr in LR_GRID for lag in (1, 8) for seed in CALIBRATION_SEEDS]
 
 
-def calibrated_lr(calibration: dict[float, dict]) -> float:
-    admitted = [lr for lr in LR_GRID if calibration[lr]["lag1"]["rejection"] <= REGIME_MAX_REJECTION]
+def calibrated_lr(calibration: dict[float, dict], max_rejection: float) -> float:
+    admitted = [lr for lr in LR_GRID if calibration[lr]["lag1"]["rejection"] <= max_rejection]
     if not admitted:
-        raise SystemExit(f"no lr in {LR_GRID} keeps the lag-1 rejection at or below {REGIME_MAX_REJECTION:.0%}; "
+        raise SystemExit(f"no lr in {LR_GRID} keeps the lag-1 rejection at or below {max_rejection:.0%}; "
                          "extend LR_GRID downwards")
     return max(admitted)
 
 
-def claim1_jobs() -> list[Job]:
+def claim1_jobs(plan: Plan, lr: float) -> list[Job]:
     jobs = []
-    for seed in SEEDS_CLAIM1:  # one seed after another, so each seed's warm start is computed once
-        jobs.append(_job("claim1", "flashreinforce", DELTA, 0, DEFAULT_LR, seed))
-        jobs.append(_job("claim1", "grpo", None, 0, DEFAULT_LR, seed))
+    for seed in plan.seeds_claim1:  # one seed after another, so each seed's warm start is computed once
+        jobs.append(_job("claim1", "flashreinforce", DELTA, 0, lr, seed, *plan.overrides))
+        jobs.append(_job("claim1", "grpo", None, 0, lr, seed, *plan.overrides))
     return jobs
 
 
-def lag_jobs(stage: str, lr: float, lags: tuple[int, ...]) -> list[Job]:
+def lag_jobs(plan: Plan, stage: str, lr: float, lags: tuple[int, ...]) -> list[Job]:
     jobs = []
+    extra = (f"local.eval.every={LAG_EVAL_EVERY}", *plan.overrides)
     for lag in lags:
-        for seed in SEEDS_LAG:
-            jobs.append(_job(stage, "flashreinforce", DELTA, lag, lr, seed))
+        for seed in plan.seeds_lag:
+            jobs.append(_job(stage, "flashreinforce", DELTA, lag, lr, seed, *extra))
             if lag:
-                jobs.append(_job(stage, "flashreinforce", float("inf"), lag, lr, seed))
-            jobs.append(_job(stage, "grpo", None, lag, lr, seed))
+                jobs.append(_job(stage, "flashreinforce", float("inf"), lag, lr, seed, *extra))
+            jobs.append(_job(stage, "grpo", None, lag, lr, seed, *extra))
     return jobs
 
 
@@ -205,26 +222,35 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/tiny_comparison"), help="job directories")
     parser.add_argument("--results", type=Path, default=Path(__file__).parent, help="where the results go")
     parser.add_argument("--workers", type=int, default=2, help="jobs at a time (each uses one core)")
+    parser.add_argument("--seeds-claim1", type=int, default=len(Plan.seeds_claim1), help="seeds 0..N-1 for claim 1")
+    parser.add_argument("--seeds-lag", type=int, default=len(Plan.seeds_lag), help="seeds 0..N-1 for the lag study")
+    parser.add_argument("--calibration-steps", type=int, default=Plan.calibration_steps)
+    parser.add_argument("--regime-max-rejection", type=float, default=REGIME_MAX_REJECTION,
+                        help="the lag study's regime: the lag-1 gate rejects at most this fraction")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every job (repeatable): a miniature of the comparison")
     args = parser.parse_args()
+    plan = Plan(tuple(range(args.seeds_claim1)), tuple(range(args.seeds_lag)), args.calibration_steps,
+                tuple(args.override))
     args.out.mkdir(parents=True, exist_ok=True)
     machine, started = _machine(), time.perf_counter()
 
-    print(f"calibrate: {len(LR_GRID)} lrs x lags 1, 8 x seeds {CALIBRATION_SEEDS}, {CALIBRATION_STEPS} updates",
+    print(f"calibrate: {len(LR_GRID)} lrs x lags 1, 8 x seeds {CALIBRATION_SEEDS}, {plan.calibration_steps} updates",
           flush=True)
-    run_jobs(calibration_jobs(), args.out, args.workers)
+    run_jobs(calibration_jobs(plan), args.out, args.workers)
     movement = calibration(args.out)
-    lag_lr = calibrated_lr(movement)
+    lag_lr = calibrated_lr(movement, args.regime_max_rejection)
     print(f"lag study lr: {lag_lr:g} (lag-1 rejection {movement[lag_lr]['lag1']['rejection']:.4f})", flush=True)
 
-    first = claim1_jobs()
-    rest = lag_jobs("claim2", lag_lr, LAGS if lag_lr != DEFAULT_LR else LAGS[1:])
-    rest += lag_jobs("fast_lr", DEFAULT_LR, (8,)) if lag_lr != DEFAULT_LR else []
+    lr = default_lr()
+    first = claim1_jobs(plan, lr)
+    rest = lag_jobs(plan, "claim2", lag_lr, LAGS) + lag_jobs(plan, "fast_lr", FAST_LR, (8,))
     run_jobs(first + rest, args.out, args.workers)
     noise = eval_noise(args.out, [job for job in first if job.name.startswith("flashreinforce")])
 
     meta = {"machine": machine, "command": "python experiments/tiny/compare.py " + " ".join(sys.argv[1:]),
             "wall_s": time.perf_counter() - started, "workers": args.workers, "delta": DELTA,
-            "default_lr": DEFAULT_LR, "lag_lr": lag_lr, "regime_max_rejection": REGIME_MAX_REJECTION,
+            "default_lr": lr, "fast_lr": FAST_LR, "lag_lr": lag_lr, "regime_max_rejection": args.regime_max_rejection,
             "calibration": {f"{lr:g}": v for lr, v in movement.items()}, "eval_noise": noise}
     (args.out / "comparison.json").write_text(json.dumps(meta, indent=1) + "\n")
     subprocess.run([sys.executable, str(Path(__file__).with_name("summarize.py")), str(args.out),

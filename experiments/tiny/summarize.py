@@ -46,9 +46,9 @@ def _arm(stage: str, cfg) -> tuple:
 
 
 def arm_id(arm: tuple) -> str:
-    stage, name, group, delta, lag, lr = arm
+    _, name, group, delta, lag, lr = arm
     method = f"grpo_g{group}" if name == "grpo" else f"flashreinforce_delta{delta:g}"
-    return f"{stage}/{method}_lag{lag}_lr{lr:g}"
+    return f"{method}_lag{lag}_lr{lr:g}"
 
 
 def label(arm: tuple) -> str:
@@ -71,18 +71,14 @@ def collect(root: Path) -> dict[tuple, list[dict]]:
         lag = int(cfg.local.policy_lag)
         # Updates before the lag is reached train on version 0 at a smaller lag.
         at_lag = lambda tag: [v for step, v in scalars.get(tag, ()) if step > lag]  # noqa: E731
-        rollouts = [v for _, v in scalars[tags.NUM_ROLLOUTS]]
-        lengths = [v for _, v in scalars[tags.RESPONSE_LENGTH_MEAN]]
-        prompt_tokens = 3 + 2 * len(str(int(cfg.local.task.max_operand)))  # local/task.py's prompt layout
-        generated = sum(n * length for n, length in zip(rollouts, lengths))
         arms[_arm(job.parent.name, cfg)].append({
             "seed": int(cfg.seed),
             "curve": [(consumed[step], value) for step, value in scalars[EVAL]],
             "acceptance": statistics.fmean(at_lag(tags.ACCEPTANCE_RATE)) if tags.ACCEPTANCE_RATE in scalars else None,
             "sequence_kl": statistics.fmean(at_lag(tags.SEQUENCE_KL_MEAN)) if tags.SEQUENCE_KL_MEAN in scalars else None,
             "rl_wall_s": summary["rl_wall_s"],
-            "generated_tokens": generated,
-            "trained_tokens": generated + prompt_tokens * sum(rollouts),
+            "generated_tokens": summary["generated_tokens"],
+            "trained_tokens": summary["trained_tokens"],
             "peak_rss_mib": summary["peak_rss_mib"],
         })
     return arms
@@ -197,10 +193,12 @@ def summarize(root: Path) -> dict:
            "comparison_wall_s": meta["wall_s"], "workers": meta["workers"], "bootstrap": BOOTSTRAP,
            "jobs": sum(map(len, arms.values())),
            "jobs_rl_wall_s": sum(r["rl_wall_s"] for runs in arms.values() for r in runs),
-           "delta": meta["delta"], "default_lr": meta["default_lr"], "lag_lr": meta["lag_lr"],
+           "delta": meta["delta"], "default_lr": meta["default_lr"], "fast_lr": meta["fast_lr"], "lag_lr": meta["lag_lr"],
            "regime_max_rejection": meta["regime_max_rejection"], "calibration": meta["calibration"],
-           "arms": {arm_id(a): summarize_arm(a, arms[a])
-                    for a in sorted(arms, key=lambda a: (a[0], a[4], a[1] != "flashreinforce", str(a[3])))}}
+           "arms": defaultdict(dict)}
+    for a in sorted(arms, key=lambda a: (a[0], a[4], a[1] != "flashreinforce", str(a[3]))):
+        out["arms"][a[0]][arm_id(a)] = summarize_arm(a, arms[a])
+    out["arms"] = dict(out["arms"])
 
     flash, grpo = _find(arms, "claim1", "flashreinforce", 0), _find(arms, "claim1", "grpo", 0)
     claim1 = half_the_rollouts(arms[flash], arms[grpo])
@@ -220,20 +218,17 @@ def summarize(root: Path) -> dict:
     out["default_job"] = {"seeds": [r["seed"] for r in defaults], "gains": gains, "min_gain": min(gains),
                           "mean_gain": statistics.fmean(gains)}
 
-    lag_stages = [("claim2", meta["lag_lr"]), ("fast_lr", meta["default_lr"])]
     comparisons = {}
-    for stage, _ in lag_stages:
+    for stage in ("claim2", "fast_lr"):
         for lag in sorted({a[4] for a in arms if a[0] == stage}):
-            # lag 0 of the lag study at the default lr is claim1's pair.
-            source = stage if _find(arms, stage, "grpo", lag) else "claim1"
-            fr, fr_inf, gr = (_find(arms, source, "flashreinforce", lag, meta["delta"]),
-                              _find(arms, source, "flashreinforce", lag, math.inf), _find(arms, source, "grpo", lag))
+            fr, fr_inf, gr = (_find(arms, stage, "flashreinforce", lag, meta["delta"]),
+                              _find(arms, stage, "flashreinforce", lag, math.inf), _find(arms, stage, "grpo", lag))
             entry = {}
             if fr and gr:
                 entry["flashreinforce_minus_grpo"] = paired_difference(arms[fr], arms[gr])
             if fr and fr_inf:
                 entry["delta_minus_delta_inf"] = paired_difference(arms[fr], arms[fr_inf])
-            comparisons[f"{stage}/lag{lag}"] = entry
+            comparisons[f"{stage}_lag{lag}"] = entry
     out["lag_comparisons"] = comparisons
 
     noise = meta["eval_noise"]
@@ -247,6 +242,10 @@ def summarize(root: Path) -> dict:
 
 # ── tables and plot ──
 
+def all_arms(summary: dict) -> list[dict]:
+    return [arm for stage in summary["arms"].values() for arm in stage.values()]
+
+
 def _fmt(stat: dict | None, digits: int = 3) -> str:
     if stat is None:
         return "n/a"
@@ -259,7 +258,7 @@ def _fmt(stat: dict | None, digits: int = 3) -> str:
 def arm_table(summary: dict, stages: tuple[str, ...]) -> str:
     lines = ["| arm | seeds | pass@1 start | pass@1 end | gain | acceptance | seq. KL to μ | RL wall s "
              "| generated tokens | trained tokens |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for arm in summary["arms"].values():
+    for arm in all_arms(summary):
         if arm["stage"] not in stages:
             continue
         lines.append(
@@ -320,7 +319,7 @@ The policy's movement, from the calibration runs (FlashREINFORCE at δ = {summar
 
 Regime of the lag study: lr {summary['lag_lr']:g}, the largest lr above whose lag-1 gate rejects at most
 {summary['regime_max_rejection']:.0%} of trajectories (the paper's math run rejects 0.13 % at δ = 3e-3).
-The second regime, lr {summary['default_lr']:g} (the default), moves the policy far more than δ during a lag of 8.
+The second regime, lr {summary['fast_lr']:g} (the first comparison's), moves the policy far more than δ during a lag of 8.
 
 {arm_table(summary, ('claim2', 'fast_lr'))}
 Paired differences of the final pass@1 (same seeds):
@@ -348,8 +347,8 @@ def plot(summary: dict, out: Path) -> None:
 
     panels = [("claim1", 0, f"claim 1: lag 0, lr {summary['default_lr']:g}")]
     panels += [("claim2", lag, f"lag {lag}, lr {summary['lag_lr']:g}")
-               for lag in sorted({a["lag"] for a in summary["arms"].values() if a["stage"] == "claim2"})]
-    panels += [("fast_lr", 8, f"lag 8, lr {summary['default_lr']:g} (fast regime)")]
+               for lag in sorted({a["lag"] for a in all_arms(summary) if a["stage"] == "claim2"})]
+    panels += [("fast_lr", 8, f"lag 8, lr {summary['fast_lr']:g} (fast regime)")]
     columns = 3
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), sharey=True, squeeze=False)
@@ -357,12 +356,8 @@ def plot(summary: dict, out: Path) -> None:
                  f"({summary['measured']})", fontsize=9)
     colours = {"flashreinforce_delta": "C0", "flashreinforce_inf": "C2", "grpo": "C1"}
     for ax, (stage, lag, title) in zip(axes.flat, panels):
-        for arm in summary["arms"].values():
-            if arm["lag"] != lag or not (arm["stage"] == stage or (stage == "claim2" and lag == 0
-                                                                    and arm["stage"] == "claim1")):
-                continue
-            if stage == "claim2" and arm["stage"] == "claim1" and any(
-                    a["stage"] == "claim2" and a["lag"] == 0 for a in summary["arms"].values()):
+        for arm in all_arms(summary):
+            if arm["lag"] != lag or arm["stage"] != stage:
                 continue
             curves = np.asarray([[y for _, y in s["curve"]] for s in arm["per_seed"].values()])
             xs = [x for x, _ in next(iter(arm["per_seed"].values()))["curve"]]
