@@ -101,6 +101,29 @@ def test_a_cached_warm_start_gives_the_same_run_and_is_keyed_by_what_it_depends_
     assert len(list((tmp_path / "warm_starts").glob("seed3_*.pt"))) == 2
 
 
+def test_warm_start_stops_at_its_target_without_changing_the_steps_it_took():
+    from molt_flashreinforce.local.trainer import LocalTrainer
+
+    def warm(**spec):
+        cfg = _cfg(task={"max_operand": 9, "eval_size": 40},
+                   warm_start={"steps": 60, "batch_size": 32, "lr": 1e-2, "check_every": 5, "check_size": 64, **spec})
+        trainer = LocalTrainer(LocalConfig.from_node(cfg.local), cfg.algo, 3)
+        return trainer, trainer.warm_start()
+
+    _, (_, never) = warm(target_pass1=1.0)
+    assert never == 60  # an unreachable target runs every step
+    stopped, (_, taken) = warm(target_pass1=0.05)
+    assert 0 < taken < 60 and taken % 5 == 0
+    # The checks draw from their own generators: stopping there equals a plain warm start of that length.
+    plain, _ = warm(steps=taken)
+    for key, value in plain.policy.state_dict().items():
+        assert torch.equal(value, stopped.policy.state_dict()[key]), key
+    assert torch.equal(plain.prompt_generator.get_state(), stopped.prompt_generator.get_state())
+    assert torch.equal(plain.sample_generator.get_state(), stopped.sample_generator.get_state())
+    with pytest.raises(LocalConfigError, match=r"local.warm_start.target_pass1=1.5 must be in \(0, 1\]"):
+        LocalConfig.from_node({"warm_start": {"target_pass1": 1.5}})
+
+
 def test_eval_sampling_seed_measures_noise_without_changing_the_default_eval(tmp_path):
     from molt_flashreinforce.local.trainer import LocalTrainer
 

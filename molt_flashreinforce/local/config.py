@@ -42,6 +42,12 @@ class WarmStartConfig:
     steps: int = 300  # supervised (teacher-forced) updates before RL; 0 = start from random weights
     batch_size: int = 128
     lr: float = 3e-3
+    # Stop early once the policy's sampled pass@1 on `check_size` training problems reaches this
+    # (checked every `check_every` steps), so that RL starts from a like point whatever the seed
+    # or machine; null: always run `steps`.
+    target_pass1: float | None = None
+    check_every: int = 25
+    check_size: int = 512
     cache_dir: str | None = None  # share finished warm starts between runs (local/warm_start_cache.py)
 
 
@@ -109,6 +115,12 @@ class LocalConfig:
             raise LocalConfigError(f"local.warm_start.steps={self.warm_start.steps} must be an integer >= 0; "
                                    "use local.warm_start.steps=0 to skip the warm start")
         _positive("local.warm_start.batch_size", self.warm_start.batch_size)
+        _positive("local.warm_start.check_every", self.warm_start.check_every)
+        _positive("local.warm_start.check_size", self.warm_start.check_size)
+        target = self.warm_start.target_pass1
+        if target is not None and not (_is_number(target) and 0 < target <= 1):
+            raise LocalConfigError(f"local.warm_start.target_pass1={target} must be in (0, 1] or null; "
+                                   "e.g. local.warm_start.target_pass1=0.4")
         _positive("local.eval.every", self.eval.every)
         _positive("local.checkpoint.every", self.checkpoint.every)
         _positive("local.checkpoint.keep_last", self.checkpoint.keep_last)

@@ -118,7 +118,7 @@ def run(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
         "eval_pass1_start": history[0][1],
         "eval_pass1_end": history[-1][1],
         "eval_history": history,
-        "warm_start_steps": local.warm_start.steps,
+        "warm_start_steps": record.get("warm_start_steps", local.warm_start.steps),  # runs from before the target
         "warm_start_loss": record["warm_start_loss"],
         "warm_start_wall_s": record["warm_start_wall_s"],
         "rl_wall_s": record["rl_wall_s"],
@@ -131,7 +131,7 @@ def run(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
         f"{source}: {algo.name} lag={local.policy_lag} seed={seed} | eval pass@1 {summary['eval_pass1_start']:.3f}"
         f" -> {summary['eval_pass1_end']:.3f} after {summary['updates']} updates"
         f" ({summary['rollouts_consumed']} rollouts; {summary['eval_pass1_random_init']:.3f} at random init,"
-        f" warm start {local.warm_start.steps} steps) | {summary['wall_s']:.0f} s"
+        f" warm start {summary['warm_start_steps']} steps) | {summary['wall_s']:.0f} s"
         f" | peak RSS {summary['peak_rss_mib']:.0f} MiB | checkpoint {summary['checkpoint']}"
     )
     return summary
@@ -143,20 +143,23 @@ def _warm_start(trainer: LocalTrainer, local: LocalConfig, seed: int) -> dict[st
     if cached is not None:
         trainer.load_warm_start(cached["state"])
         record = cached["record"]
-        print(f"Warm start: loaded from {cache} ({local.warm_start.steps} supervised steps that took "
+        print(f"Warm start: loaded from {cache} ({record['warm_start_steps']} supervised steps that took "
               f"{record['warm_start_wall_s']:.1f} s); eval pass@1 {record['eval_pass1_random_init']:.3f} -> "
               f"{record['eval_history'][0][1]:.3f}. RL starts from here.")
         return record
     random_init = trainer.evaluate()[tags.eval_pass1(local.task.datasource)]
     started = time.perf_counter()
-    loss = trainer.warm_start() if local.warm_start.steps else float("nan")
+    loss, taken = trainer.warm_start() if local.warm_start.steps else (float("nan"), 0)
     wall = time.perf_counter() - started
     start = trainer.evaluate()[tags.eval_pass1(local.task.datasource)]
     if local.warm_start.steps:
-        print(f"Warm start: {local.warm_start.steps} supervised steps in {wall:.1f} s (final loss {loss:.3f}); "
+        reached = "" if local.warm_start.target_pass1 is None else \
+            f" (to training pass@1 >= {local.warm_start.target_pass1:g}, at most {local.warm_start.steps})"
+        print(f"Warm start: {taken} supervised steps{reached} in {wall:.1f} s (final loss {loss:.3f}); "
               f"eval pass@1 {random_init:.3f} -> {start:.3f}. RL starts from here.")
     record = {
         "eval_pass1_random_init": random_init,
+        "warm_start_steps": taken,
         "warm_start_loss": loss,
         "warm_start_wall_s": wall,
         "rl_wall_s": 0.0,

@@ -59,14 +59,19 @@ class LocalTrainer:
         self.trained_tokens = 0
         self.snapshots.record(0, self.policy)
 
-    def warm_start(self) -> float:
-        """Teacher-forced cross-entropy on the task's answers; returns the last batch's loss.
+    def warm_start(self) -> tuple[float, int]:
+        """Teacher-forced cross-entropy on the task's answers, for `warm_start.steps` steps or until
+        `warm_start.target_pass1` is reached; returns the last batch's loss and the steps taken.
         Its own optimizer is discarded, and the result becomes policy version 0."""
         spec = self.cfg.warm_start
         optimizer = torch.optim.AdamW(self.policy.parameters(), lr=spec.lr, weight_decay=0.0)
+        # The checks have their own generators, so they change neither training's batches nor RL's samples.
+        check_problems = torch.Generator().manual_seed(self.cfg.task.eval_seed + 1)
+        check_samples = torch.Generator(self.device).manual_seed(self.cfg.task.eval_seed + 2)
         self.policy.train()
         loss = torch.tensor(float("nan"))
-        for _ in range(spec.steps):
+        taken = 0
+        for taken in range(1, spec.steps + 1):
             problems = self.task.sample_problems(spec.batch_size, self.prompt_generator)
             prompts = problems.prompt_ids.to(self.device)
             targets = self.task.answer_tokens(problems.answers).to(self.device)
@@ -77,9 +82,23 @@ class LocalTrainer:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if spec.target_pass1 is not None and taken % spec.check_every == 0 and \
+                    self._training_pass1(spec.check_size, check_problems, check_samples) >= spec.target_pass1:
+                break
         self.policy.eval()
         self.snapshots.record(0, self.policy)
-        return loss.item()
+        return loss.item(), taken
+
+    @torch.no_grad()
+    def _training_pass1(self, size: int, problem_generator: torch.Generator,
+                        sample_generator: torch.Generator) -> float:
+        """Sampled pass@1 on `size` training problems (never the held-out ones) at the eval temperature."""
+        problems = self.task.sample_problems(size, problem_generator)
+        self.policy.eval()
+        rollouts = sample(self.policy, problems.prompt_ids.to(self.device), self.task.max_new_tokens,
+                          self.cfg.eval.temperature, sample_generator, self.task.eos_id, self.task.pad_id, 0)
+        self.policy.train()
+        return float(self.task.rewards(rollouts.response_ids.cpu(), problems.answers).mean())
 
     def warm_start_state(self) -> dict[str, Any]:
         """What a warm start changed: the policy and how far it drew training prompts."""
