@@ -32,6 +32,7 @@ SOURCES = {
     "step": "experiments/bench_training_step.json",  # benchmarks/bench_training_step.py
     "step_before": "experiments/bench_training_step_before.json",  # the same, before the slab entropies
     "step12k": "experiments/bench_training_step_12288.json",  # the same at 12,288 tokens
+    "step16k": "experiments/bench_training_step_16384.json",  # the same at 16,384 tokens
     "rehearsal": "experiments/rehearsal/results.json",  # experiments/rehearsal/collect.py
 }
 MARKER = re.compile(r"<!-- (num|code|include):(\S+?) -->(.*?)<!-- /\1 -->", re.DOTALL)
@@ -52,13 +53,19 @@ def _lookup(key: str, root: Path, cache: dict[str, object]) -> object:
     if source not in cache:
         cache[source] = json.loads((root / SOURCES[source]).read_text(encoding="utf-8"))
     node = cache[source]
-    for part in path.split("/") if path else []:
+    parts = path.split("/") if path else []
+    while parts:
+        part = parts.pop(0)
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
-        elif isinstance(node, dict) and part in node:
-            node = node[part]
-        else:
+            continue
+        # A JSON key may itself hold a slash (a ratio such as "ours_q09/ours_q1"): take the
+        # shortest run of parts that names a key.
+        while isinstance(node, dict) and part not in node and parts:
+            part += "/" + parts.pop(0)
+        if not (isinstance(node, dict) and part in node):
             raise StaleKeyError(f"{key}: {SOURCES[source]} has no {part!r} there")
+        node = node[part]
     return node
 
 
