@@ -2,7 +2,7 @@
 real sequence lengths: Molt's stock recipe against our loss with and without the entropy filter.
 
     python benchmarks/bench_training_step.py [--device cpu|cuda] [--lengths 8192,16384] [--quick]
-                                             [--repeats 3] [--warmup 1] [--memory-only]
+                                             [--repeats 3] [--warmup 1] [--memory-only | --time-only]
                                              [--out experiments/bench_training_step.json]
 
 The model is Molt's own `molt.models.actor.Actor` around a transformers Qwen2 that is tiny in
@@ -188,21 +188,24 @@ def ratios(values: dict) -> dict:
             "ours_q09/stock": values["ours_q09"] / values["stock"]}
 
 
-def run(lengths, device: str, repeats: int, warmup: int, timed: bool) -> dict:
+def run(lengths, device: str, repeats: int, warmup: int, timed: bool, measure_memory: bool = True) -> dict:
     record = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
               "machine": platform.processor() or platform.machine(), "vocab": VOCAB,
               "repeats": repeats if timed else 0, "warmup": warmup if timed else 0,
               "model": "Qwen2 hidden 64, 2 layers, bf16, in molt.models.actor.Actor", "lengths": {}}
     if device == "cuda":
         record["gpu"] = torch.cuda.get_device_name()
-    print(f"device={device} V={VOCAB} bf16, one trajectory of S tokens per micro-batch; "
-          "peak memory in a fresh process per setup"
-          + (f", time = median of {repeats} interleaved steps after {warmup} warm-up" if timed else ""))
+    print(f"device={device} V={VOCAB} bf16, one trajectory of S tokens per micro-batch"
+          + ("; peak memory in a fresh process per setup" if measure_memory else "")
+          + (f"; time = median of {repeats} interleaved steps after {warmup} warm-up" if timed else ""))
     print(f"{'S':>6} {'setup':>9} {'peak MiB':>10} {'step s':>8}")
     for length in lengths:
-        memory = {setup: peak_memory_in_fresh_process(setup, length, device) for setup in SETUPS}
-        peaks = {setup: memory[setup]["peak_mib"] for setup in SETUPS}
-        entry = record["lengths"][str(length)] = {"memory": memory, "peak_ratios": ratios(peaks)}
+        entry = record["lengths"][str(length)] = {}
+        peaks = {setup: float("nan") for setup in SETUPS}
+        if measure_memory:
+            entry["memory"] = {setup: peak_memory_in_fresh_process(setup, length, device) for setup in SETUPS}
+            peaks = {setup: entry["memory"][setup]["peak_mib"] for setup in SETUPS}
+            entry["peak_ratios"] = ratios(peaks)
         medians = {setup: float("nan") for setup in SETUPS}
         if timed:
             entry["time"] = measure_times(length, device, repeats, warmup)
@@ -235,6 +238,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per setup")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per setup before them")
     parser.add_argument("--memory-only", action="store_true", help="skip the timing")
+    parser.add_argument("--time-only", action="store_true", help="skip the fresh-process memory measurements")
     parser.add_argument("--out", type=Path, help="write the measurements to this JSON file (lengths it already "
                         "holds for the same device and not measured again are kept)")
     parser.add_argument("--child", nargs=2, metavar=("SETUP", "LENGTH"), help=argparse.SUPPRESS)
@@ -249,8 +253,10 @@ def main() -> None:
         raise SystemExit(f"--repeats {options.repeats} --warmup {options.warmup}: need --repeats >= 1 "
                          "and --warmup >= 0")
     lengths = QUICK_LENGTHS if options.quick else parse_lengths(options.lengths)
+    if options.memory_only and options.time_only:
+        raise SystemExit("--memory-only and --time-only exclude each other; drop one")
     record = run(lengths, options.device, 1 if options.quick else options.repeats, options.warmup,
-                 timed=not options.memory_only)
+                 timed=not options.memory_only, measure_memory=not options.time_only)
     if options.out:
         if options.out.exists():  # lengths measured by earlier runs stay, unless measured again here
             earlier = json.loads(options.out.read_text())

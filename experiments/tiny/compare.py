@@ -106,11 +106,10 @@ def calibrated_lr(calibration: dict[float, dict], max_rejection: float) -> float
 
 
 def claim1_jobs(plan: Plan, lr: float) -> list[Job]:
-    jobs = []
-    for seed in plan.seeds_claim1:  # one seed after another, so each seed's warm start is computed once
-        jobs.append(_job("claim1", "flashreinforce", DELTA, 0, lr, seed, *plan.overrides))
-        jobs.append(_job("claim1", "grpo", None, 0, lr, seed, *plan.overrides))
-    return jobs
+    # Every seed's first job before any seed's second, so that two workers never compute one
+    # seed's warm start at the same time.
+    return [_job("claim1", algo, delta, 0, lr, seed, *plan.overrides)
+            for algo, delta in (("flashreinforce", DELTA), ("grpo", None)) for seed in plan.seeds_claim1]
 
 
 def lag_jobs(plan: Plan, stage: str, lr: float, lags: tuple[int, ...]) -> list[Job]:
@@ -256,7 +255,7 @@ def main() -> None:
     subprocess.run([sys.executable, str(Path(__file__).with_name("summarize.py")), str(args.out),
                     "--out", str(args.results)], check=True)
     # The README's report example: seed 0 of claim 1, FlashREINFORCE beside GRPO.
-    pair = [str(args.out / job.stage / job.name) for job in first[:2]]
+    pair = [str(args.out / job.stage / job.name) for job in first if job.name.endswith("_seed0")]
     with open(args.results / "report_lag0_seed0.md", "w") as report:
         subprocess.run(["molt-flashreinforce-report", *pair], check=True, stdout=report)
 

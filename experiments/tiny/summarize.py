@@ -162,7 +162,7 @@ def summarize_arm(arm: tuple, runs: list[dict]) -> dict:
         "delta": None if arm[3] is None else ("inf" if arm[3] == math.inf else arm[3]),
         "lag": arm[4], "lr": arm[5], "seeds": [r["seed"] for r in runs],
         "rollouts": int(runs[0]["curve"][-1][0]),
-        "start": mean_ci(start), "end": mean_ci(end), "gain": mean_ci([e - s for s, e in zip(start, end)]),
+        "start": mean_ci(start), "start_range": [min(start), max(start)], "end": mean_ci(end), "gain": mean_ci([e - s for s, e in zip(start, end)]),
         "acceptance": optional("acceptance"), "sequence_kl": optional("sequence_kl"),
         "rl_wall_s": mean_ci([r["rl_wall_s"] for r in runs]),
         "generated_tokens": mean_ci([r["generated_tokens"] for r in runs]),
@@ -216,7 +216,7 @@ def summarize(root: Path) -> dict:
     defaults = sorted(arms[flash], key=lambda r: r["seed"])[:5]
     gains = [r["curve"][-1][1] - r["curve"][0][1] for r in defaults]
     out["default_job"] = {"seeds": [r["seed"] for r in defaults], "gains": gains, "min_gain": min(gains),
-                          "mean_gain": statistics.fmean(gains)}
+                          "max_gain": max(gains), "mean_gain": statistics.fmean(gains)}
 
     comparisons = {}
     for stage in ("claim2", "fast_lr"):
@@ -310,7 +310,7 @@ The warm start is shared by both arms of a seed and is not counted.
 {arm_table(summary, ('claim1',))}
 ## Claim 2: stability under lag
 
-The policy's movement, from the calibration runs (FlashREINFORCE at δ = {summary['delta']:g}, {{seeds 0, 1}},
+The policy's movement, from the calibration runs (FlashREINFORCE at δ = {summary['delta']:g}, seeds 0 and 1,
 100 updates; sequence KL = mean sampled-token Bernoulli KL between the sampling policy and the learner):
 
 | lr | seq. KL at lag 1 | rejected at lag 1 | seq. KL at lag 8 | rejected at lag 8 |
@@ -339,6 +339,28 @@ gives a pooled std of {noise['pooled_std']:.4f} at mean pass@1 {noise['mean_pass
 """
 
 
+def _plot_claim1_gap(summary: dict, ax) -> None:
+    """FlashREINFORCE's pass@1 after x rollouts minus GRPO's final pass@1, seed by seed: claim 1
+    holds where the band is above zero at half of GRPO's budget."""
+    arms = summary["arms"]["claim1"]
+    flash = next(a for a in arms.values() if a["algo"] == "flashreinforce")["per_seed"]
+    grpo = next(a for a in arms.values() if a["algo"] == "grpo")["per_seed"]
+    seeds = sorted(set(flash) & set(grpo), key=int)
+    xs = [x for x, _ in flash[seeds[0]]["curve"]]
+    gaps = np.asarray([[y - grpo[s]["curve"][-1][1] for _, y in flash[s]["curve"]] for s in seeds])
+    means = gaps[_resamples(len(gaps))].mean(axis=1)
+    ax.plot(xs, gaps.mean(axis=0), color="C0", label="FlashREINFORCE(x) − GRPO final, paired")
+    ax.fill_between(xs, np.percentile(means, 2.5, axis=0), np.percentile(means, 97.5, axis=0), color="C0", alpha=0.2)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axvline(summary["claim1"]["half_budget"], color="grey", ls="--", lw=1, label="half of GRPO's budget")
+    ax.set_title(f"claim 1, paired over {len(seeds)} seeds", fontsize=9)
+    ax.set_xlabel("rollouts consumed by FlashREINFORCE")
+    ax.set_ylabel("pass@1 difference")
+    ax.yaxis.set_tick_params(labelleft=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+
+
 def plot(summary: dict, out: Path) -> None:
     import matplotlib
 
@@ -349,9 +371,9 @@ def plot(summary: dict, out: Path) -> None:
     panels += [("claim2", lag, f"lag {lag}, lr {summary['lag_lr']:g}")
                for lag in sorted({a["lag"] for a in all_arms(summary) if a["stage"] == "claim2"})]
     panels += [("fast_lr", 8, f"lag 8, lr {summary['fast_lr']:g} (fast regime)")]
-    columns = 3
+    columns = 4
     rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 4 * rows), squeeze=False)
     fig.suptitle(f"tiny: held-out pass@1, mean over seeds, band = 95 % bootstrap CI of the mean "
                  f"({summary['measured']})", fontsize=9)
     colours = {"flashreinforce_delta": "C0", "flashreinforce_inf": "C2", "grpo": "C1"}
@@ -375,7 +397,8 @@ def plot(summary: dict, out: Path) -> None:
         ax.set_xlabel("rollouts consumed")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
-    for ax in axes.flat[len(panels):]:
+    _plot_claim1_gap(summary, axes.flat[len(panels)])
+    for ax in axes.flat[len(panels) + 1:]:
         ax.axis("off")
     for row in axes:
         row[0].set_ylabel("held-out pass@1")
