@@ -216,6 +216,8 @@ def summarize(root: Path) -> dict:
     defaults = sorted(arms[flash], key=lambda r: r["seed"])[:5]
     gains = [r["curve"][-1][1] - r["curve"][0][1] for r in defaults]
     out["default_job"] = {"seeds": [r["seed"] for r in defaults], "gains": gains, "min_gain": min(gains),
+                          "start_range": [min(r["curve"][0][1] for r in defaults),
+                                          max(r["curve"][0][1] for r in defaults)],
                           "max_gain": max(gains), "mean_gain": statistics.fmean(gains)}
 
     comparisons = {}
