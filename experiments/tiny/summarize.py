@@ -368,6 +368,7 @@ def plot(summary: dict, out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     panels = [("claim1", 0, f"claim 1: lag 0, lr {summary['default_lr']:g}")]
     panels += [("claim2", lag, f"lag {lag}, lr {summary['lag_lr']:g}")
@@ -402,6 +403,8 @@ def plot(summary: dict, out: Path) -> None:
     _plot_claim1_gap(summary, axes.flat[len(panels)])
     for ax in axes.flat[len(panels) + 1:]:
         ax.axis("off")
+    for ax in axes.flat:
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1000:g}k"))
     for row in axes:
         row[0].set_ylabel("held-out pass@1")
     fig.tight_layout()
