@@ -33,6 +33,7 @@ SOURCES = {
     "step_before": "experiments/bench_training_step_before.json",  # the same, before the slab entropies
     "step12k": "experiments/bench_training_step_12288.json",  # the same at 12,288 tokens
     "step16k": "experiments/bench_training_step_16384.json",  # the same at 16,384 tokens
+    "step16kt": "experiments/bench_training_step_16384_time.json",  # the same, step time at 16,384 tokens
     "rehearsal": "experiments/rehearsal/results.json",  # experiments/rehearsal/collect.py
 }
 MARKER = re.compile(r"<!-- (num|code|include):(\S+?) -->(.*?)<!-- /\1 -->", re.DOTALL)
