@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = {
     "fresh": "experiments/fresh_machine/result.json",  # experiments/fresh_machine/measure.py
-    "tiny": "experiments/tiny/results.json",  # experiments/tiny/run.sh (summarize.py)
+    "tiny": "experiments/tiny/results.json",  # experiments/tiny/compare.py (summarize.py)
     "loss": "experiments/benchmarks/loss.json",  # benchmarks/bench_loss.py --json
     "loss1": "experiments/benchmarks/loss_1thread.json",  # the same with OMP_NUM_THREADS=1
     "local": "experiments/benchmarks/local.json",  # benchmarks/bench_local.py --json
