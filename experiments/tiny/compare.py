@@ -257,7 +257,8 @@ def main() -> None:
     # The README's report example: seed 0 of claim 1, FlashREINFORCE beside GRPO.
     pair = [str(args.out / job.stage / job.name) for job in first if job.name.endswith("_seed0")]
     with open(args.results / "report_lag0_seed0.md", "w") as report:
-        subprocess.run(["molt-flashreinforce-report", *pair], check=True, stdout=report)
+        # The report command by module, so the comparison needs no activated virtualenv.
+        subprocess.run([sys.executable, "-m", "molt_flashreinforce.report.cli", *pair], check=True, stdout=report)
 
 
 if __name__ == "__main__":
