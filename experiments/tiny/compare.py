@@ -75,15 +75,19 @@ class Job:
     overrides: tuple[str, ...]
 
 
+def _delta_text(delta: float) -> str:
+    return "inf" if delta == float("inf") else f"{delta:g}"
+
+
 def _arm_overrides(algo: str, delta: float | None, lag: int, lr: float, seed: int) -> tuple[str, ...]:
     overrides = [f"algo={algo}", f"local.policy_lag={lag}", f"local.lr={lr:g}", f"seed={seed}"]
     if delta is not None:
-        overrides.append(f"algo.delta={'inf' if delta == float('inf') else f'{delta:g}'}")
+        overrides.append(f"algo.delta={_delta_text(delta)}")
     return tuple(overrides)
 
 
 def _arm_name(algo: str, delta: float | None, lag: int, lr: float, seed: int) -> str:
-    gate = "" if delta is None else f"_delta{'inf' if delta == float('inf') else f'{delta:g}'}"
+    gate = "" if delta is None else f"_delta{_delta_text(delta)}"
     return f"{algo}{gate}_lag{lag}_lr{lr:g}_seed{seed}"
 
 
@@ -155,38 +159,27 @@ def _worker_init() -> None:
     torch.set_num_threads(1)
 
 
-def run_jobs(jobs: list[Job], out: Path, workers: int) -> dict[Job, dict]:
+def run_jobs(jobs: list[Job], out: Path, workers: int) -> None:
     warm_starts = str(out / "warm_starts")
-    results: dict[Job, dict] = {}
     started = time.perf_counter()
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init) as pool:
         futures = {pool.submit(_run, str(out / job.stage / job.name), job.overrides, warm_starts): job for job in jobs}
         for done, future in enumerate(as_completed(futures), 1):
-            job = futures[future]
-            results[job] = summary = future.result()
+            job, summary = futures[future], future.result()
             print(f"[{done}/{len(jobs)} {time.perf_counter() - started:6.0f} s] {job.stage}/{job.name}: pass@1 "
                   f"{summary['eval_pass1_start']:.3f} -> {summary['eval_pass1_end']:.3f} ({summary['wall_s']:.0f} s)",
                   flush=True)
-    return results
 
 
 def calibration(out: Path) -> dict[float, dict]:
-    """Per lr and lag: mean sequence KL to the sampling policy and the rejected fraction, over seeds."""
-    from molt_flashreinforce import metrics as tags
-    from molt_flashreinforce.report.events import read_scalars
+    """Per lr and lag: mean sequence KL to the sampling policy and the rejected fraction, over seeds
+    (summarize.py reads the runs, skipping the updates before the lag is reached)."""
+    from summarize import collect
 
-    table: dict[float, dict] = {}
-    for lr in LR_GRID:
-        table[lr] = {}
-        for lag in (1, 8):
-            kls, acceptance = [], []
-            for seed in CALIBRATION_SEEDS:
-                scalars = read_scalars(out / "calibrate" / _arm_name("flashreinforce", DELTA, lag, lr, seed))
-                # Updates before the lag is reached train on version 0 at a smaller lag: skip them.
-                kls += [v for step, v in scalars[tags.SEQUENCE_KL_MEAN] if step > lag]
-                acceptance += [v for step, v in scalars[tags.ACCEPTANCE_RATE] if step > lag]
-            table[lr][f"lag{lag}"] = {"sequence_kl_mean": statistics.fmean(kls),
-                                      "rejection": 1.0 - statistics.fmean(acceptance)}
+    table: dict[float, dict] = {lr: {} for lr in LR_GRID}
+    for (_, _, _, _, lag, lr), runs in collect(out, stage="calibrate").items():
+        table[lr][f"lag{lag}"] = {"sequence_kl_mean": statistics.fmean(r["sequence_kl"] for r in runs),
+                                  "rejection": 1.0 - statistics.fmean(r["acceptance"] for r in runs)}
     return table
 
 

@@ -58,9 +58,9 @@ def label(arm: tuple) -> str:
     return f"{method}, lag {lag}, lr {lr:g}"
 
 
-def collect(root: Path) -> dict[tuple, list[dict]]:
+def collect(root: Path, stage: str = "*") -> dict[tuple, list[dict]]:
     arms: dict[tuple, list[dict]] = defaultdict(list)
-    for config_file in sorted(root.glob("*/*/.hydra/config.yaml")):
+    for config_file in sorted(root.glob(f"{stage}/*/.hydra/config.yaml")):
         job = config_file.parent.parent
         if not (job / "summary.json").is_file():
             continue  # unfinished
@@ -239,7 +239,7 @@ def summarize(root: Path) -> dict:
     out["eval_noise"] = {**noise, "mean_pass1": p, "binomial_std": binomial,
                          # Two independent evals of policies this good differ by more than this 5 % of the time.
                          "resolvable_difference": 1.96 * math.sqrt(2) * noise["pooled_std"]}
-    return out, arms
+    return out
 
 
 # ── tables and plot ──
@@ -416,7 +416,7 @@ def main() -> None:
     parser.add_argument("root", type=Path, help="compare.py's --out directory")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent, help="where the results go")
     args = parser.parse_args()
-    summary, _ = summarize(args.root)
+    summary = summarize(args.root)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     (args.out / "results.md").write_text(tables(summary), encoding="utf-8")

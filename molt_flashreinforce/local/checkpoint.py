@@ -1,6 +1,7 @@
 """Checkpoints of a local run: `<run_dir>/checkpoints/step_<version>.pt`.
 
     save_checkpoint(directory, version, state, keep_last)   # atomic; prunes older files
+    save_atomically(state, path)                            # any torch file, written the same way
     latest_checkpoint(directory) -> Path | None
 
 A checkpoint holds the trainer's state plus the run's progress record and a fingerprint of
@@ -31,12 +32,18 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep_last: int) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"step_{version:06d}.pt"
-    partial = path.with_suffix(".pt.partial")
+def save_atomically(state: dict[str, Any], path: Path) -> None:
+    """A crash mid-write never leaves a truncated file at `path`; writers racing on one path each
+    write a partial file of their own."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     torch.save(state, partial)
-    os.replace(partial, path)  # a crash mid-write never leaves a truncated step_*.pt behind
+    os.replace(partial, path)
+
+
+def save_checkpoint(directory: Path, version: int, state: dict[str, Any], keep_last: int) -> Path:
+    path = directory / f"step_{version:06d}.pt"
+    save_atomically(state, path)
     for _, old in _checkpoints(directory)[:-keep_last]:
         old.unlink()
     return path

@@ -7,8 +7,9 @@ Layout of `run_dir`:
     summary.json          the returned summary
 
 A fresh run measures the random-init policy, runs the supervised warm start (reported apart from
-RL; loaded instead when `local.warm_start.cache_dir` already holds it), evaluates at step 0, then performs `local.steps` updates with a progress bar, evaluating
-every `local.eval.every` updates and at the end, and prints a one-line summary.
+RL; loaded instead when `local.warm_start.cache_dir` already holds it), evaluates at step 0, then
+performs `local.steps` updates with a progress bar, evaluating every `local.eval.every` updates
+and at the end, and prints a one-line summary.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from molt_flashreinforce.local.model import build_policy, response_log_probs
 from molt_flashreinforce.local.objective import build_objective
 from molt_flashreinforce.local.sampler import Rollouts, sample
 from molt_flashreinforce.local.snapshots import PolicySnapshots
-from molt_flashreinforce.local.task import AdditionTask
+from molt_flashreinforce.local.task import AdditionTask, Problems
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
@@ -82,23 +82,14 @@ class LocalTrainer:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            if spec.target_pass1 is not None and taken % spec.check_every == 0 and \
-                    self._training_pass1(spec.check_size, check_problems, check_samples) >= spec.target_pass1:
-                break
-        self.policy.eval()
-        self.snapshots.record(0, self.policy)
+            if spec.target_pass1 is not None and taken % spec.check_every == 0:
+                # Training problems, never the held-out ones.
+                pass1 = self._sampled_pass1(self.task.sample_problems(spec.check_size, check_problems), check_samples)
+                self.policy.train()
+                if pass1 >= spec.target_pass1:
+                    break
+        self._become_version_0()
         return loss.item(), taken
-
-    @torch.no_grad()
-    def _training_pass1(self, size: int, problem_generator: torch.Generator,
-                        sample_generator: torch.Generator) -> float:
-        """Sampled pass@1 on `size` training problems (never the held-out ones) at the eval temperature."""
-        problems = self.task.sample_problems(size, problem_generator)
-        self.policy.eval()
-        rollouts = sample(self.policy, problems.prompt_ids.to(self.device), self.task.max_new_tokens,
-                          self.cfg.eval.temperature, sample_generator, self.task.eos_id, self.task.pad_id, 0)
-        self.policy.train()
-        return float(self.task.rewards(rollouts.response_ids.cpu(), problems.answers).mean())
 
     def warm_start_state(self) -> dict[str, Any]:
         """What a warm start changed: the policy and how far it drew training prompts."""
@@ -108,6 +99,9 @@ class LocalTrainer:
         """Continue as if `warm_start()` had just produced `state` (see `warm_start_state`)."""
         self.policy.load_state_dict(state["policy"])
         self.prompt_generator.set_state(state["prompt_generator"])
+        self._become_version_0()
+
+    def _become_version_0(self) -> None:
         self.policy.eval()
         self.snapshots.record(0, self.policy)
 
@@ -180,13 +174,17 @@ class LocalTrainer:
         """Mean reward over the held-out problems, one sample each at the eval temperature (avg@1).
         A fixed generator seed (`local.task.eval_seed` unless `sampling_seed` is given) makes it a
         deterministic function of the weights; other seeds measure the eval's sampling noise."""
-        problems = self.task.eval_problems()
         seed = self.cfg.task.eval_seed if sampling_seed is None else sampling_seed
         generator = torch.Generator(self.device).manual_seed(seed)
+        return {tags.eval_pass1(self.cfg.task.datasource): self._sampled_pass1(self.task.eval_problems(), generator)}
+
+    @torch.no_grad()
+    def _sampled_pass1(self, problems: Problems, generator: torch.Generator) -> float:
+        """Mean reward of one sample per problem from the current policy at the eval temperature."""
+        self.policy.eval()
         rollouts = sample(self.policy, problems.prompt_ids.to(self.device), self.task.max_new_tokens,
                           self.cfg.eval.temperature, generator, self.task.eos_id, self.task.pad_id, self.version)
-        rewards = self.task.rewards(rollouts.response_ids.cpu(), problems.answers)
-        return {tags.eval_pass1(self.cfg.task.datasource): float(rewards.mean())}
+        return float(self.task.rewards(rollouts.response_ids.cpu(), problems.answers).mean())
 
     def state_dict(self) -> dict[str, Any]:
         return {

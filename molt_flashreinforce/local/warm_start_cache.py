@@ -17,12 +17,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from molt_flashreinforce.local.checkpoint import load_checkpoint, save_atomically
 from molt_flashreinforce.local.config import LocalConfig
 
 
@@ -41,14 +39,8 @@ def cache_file(cfg: LocalConfig, seed: int) -> Path | None:
 
 
 def load(path: Path | None) -> dict[str, Any] | None:
-    if path is None or not path.is_file():
-        return None
-    # Written by `store` below: tensors, a torch RNG state and plain containers.
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return load_checkpoint(path) if path is not None and path.is_file() else None
 
 
 def store(path: Path, state: dict[str, Any], record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    torch.save({"state": state, "record": record}, partial)
-    os.replace(partial, path)
+    save_atomically({"state": state, "record": record}, path)
