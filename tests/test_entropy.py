@@ -55,6 +55,9 @@ entropy._SLAB_ELEMENTS = logits.shape[-1] * 3  # several slabs per row
 sharded = distribute_tensor(logits, init_device_mesh("cpu", (2,)), [Shard(-1)])
 assert sharded.to_local().shape[-1] == logits.shape[-1] // 2
 torch.save(entropy.token_entropy(sharded, temperature=0.7), outputs)
+# Without a barrier one rank can tear down its gloo pairs while the other still reads from them, and
+# gloo then aborts the process at exit (about 1 run in 60 here; none in 270 with the barrier).
+dist.barrier()
 dist.destroy_process_group()
 """
 
