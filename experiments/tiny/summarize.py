@@ -162,7 +162,8 @@ def summarize_arm(arm: tuple, runs: list[dict]) -> dict:
         "delta": None if arm[3] is None else ("inf" if arm[3] == math.inf else arm[3]),
         "lag": arm[4], "lr": arm[5], "seeds": [r["seed"] for r in runs],
         "rollouts": int(runs[0]["curve"][-1][0]),
-        "start": mean_ci(start), "start_range": [min(start), max(start)], "end": mean_ci(end), "gain": mean_ci([e - s for s, e in zip(start, end)]),
+        "start": mean_ci(start), "start_range": [min(start), max(start)], "end": mean_ci(end),
+        "gain": mean_ci([e - s for s, e in zip(start, end)]),
         "acceptance": optional("acceptance"), "sequence_kl": optional("sequence_kl"),
         "rl_wall_s": mean_ci([r["rl_wall_s"] for r in runs]),
         "generated_tokens": mean_ci([r["generated_tokens"] for r in runs]),
@@ -194,11 +195,9 @@ def summarize(root: Path) -> dict:
            "jobs": sum(map(len, arms.values())),
            "jobs_rl_wall_s": sum(r["rl_wall_s"] for runs in arms.values() for r in runs),
            "delta": meta["delta"], "default_lr": meta["default_lr"], "fast_lr": meta["fast_lr"], "lag_lr": meta["lag_lr"],
-           "regime_max_rejection": meta["regime_max_rejection"], "calibration": meta["calibration"],
-           "arms": defaultdict(dict)}
+           "regime_max_rejection": meta["regime_max_rejection"], "calibration": meta["calibration"], "arms": {}}
     for a in sorted(arms, key=lambda a: (a[0], a[4], a[1] != "flashreinforce", str(a[3]))):
-        out["arms"][a[0]][arm_id(a)] = summarize_arm(a, arms[a])
-    out["arms"] = dict(out["arms"])
+        out["arms"].setdefault(a[0], {})[arm_id(a)] = summarize_arm(a, arms[a])
 
     flash, grpo = _find(arms, "claim1", "flashreinforce", 0), _find(arms, "claim1", "grpo", 0)
     claim1 = half_the_rollouts(arms[flash], arms[grpo])
