@@ -9,8 +9,9 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from molt_flashreinforce.launch.errors import LaunchError
 from molt_flashreinforce.launch.job import prepare_molt_job
-from molt_flashreinforce.rehearsal.run import rehearsal_overrides
+from molt_flashreinforce.rehearsal.run import layout, rehearsal_overrides
 
 
 def compose_job(*overrides: str):
@@ -18,8 +19,8 @@ def compose_job(*overrides: str):
         return compose(config_name="config", overrides=["rehearsal=cpu", *overrides])
 
 
-def rehearsed(cfg, tmp_path: Path, total_steps: int = 4):
-    changed = rehearsal_overrides(cfg, tmp_path / "model", tmp_path / "data", total_steps)
+def rehearsed(cfg, tmp_path: Path, total_steps: int = 4, nodes: int = 1):
+    changed = rehearsal_overrides(cfg, tmp_path / "model", tmp_path / "data", total_steps, layout(cfg, nodes))
     out = cfg.copy()
     OmegaConf.set_struct(out, False)
     for key, value in changed.items():
@@ -53,13 +54,38 @@ def test_only_cpu_needs_change_and_the_context_stays(tmp_path):
     assert changed["molt.data.max_samples"] == 4 * 4  # 4 steps x its 4 games a step
 
 
-@pytest.mark.parametrize("experiment", ["python_tool_qwen2p5_7b", "long_horizon_r1_distill_1p5b"])
-def test_rehearsed_flags_pass_molts_parser_and_validation(tmp_path, experiment):
-    _, cfg = rehearsed(compose_job(f"experiment={experiment}", "dry_run=true"), tmp_path)
+def test_on_several_nodes_the_actor_and_the_engines_get_nodes_of_their_own(tmp_path):
+    """One logical GPU per node: the actor's ranks on placement.actor.nodes nodes, an engine on each other."""
+    math, _ = rehearsed(compose_job("experiment=math_qwen2p5_1p5b"), tmp_path, nodes=2)  # gpu16_actor2_vllm14
+    assert (math["placement.nodes"], math["placement.gpus_per_node"]) == (2, 1)
+    assert (math["placement.actor.nodes"], math["placement.actor.gpus_per_node"], math["placement.vllm.engines"]) == (1, 1, 1)
+    moe, _ = rehearsed(compose_job("experiment=moe_lag8_qwen3_30b_a3b"), tmp_path, nodes=4)  # actor on 2 of 4 nodes
+    assert (moe["placement.actor.nodes"], moe["placement.actor.gpus_per_node"], moe["placement.actor.ep"]) == (2, 1, 2)
+    assert moe["placement.vllm.engines"] == 2
+    assert moe["molt.train.micro_batch_size"] == 1  # 4 trajectories, two micro-batches on each of 2 ranks
+    three, _ = rehearsed(compose_job("experiment=moe_lag8_qwen3_30b_a3b"), tmp_path, nodes=3)
+    assert (three["placement.actor.nodes"], three["placement.vllm.engines"]) == (2, 1)
+
+
+@pytest.mark.parametrize("experiment, nodes, message", [
+    ("moe_lag8_qwen3_30b_a3b", 2, "rehearse on 3 to 4 nodes, or on one"),  # EP spans 2 nodes, engines need a third
+    ("math_qwen2p5_1p5b", 3, "placement.nodes=2 with the actor on placement.actor.nodes=1 and the engines on the others, "
+                             "so rehearse on 2 nodes, or on one"),
+])
+def test_a_node_count_the_placement_cannot_spread_over_is_refused_in_one_line(experiment, nodes, message):
+    with pytest.raises(LaunchError, match=message) as refused:
+        layout(compose_job(f"experiment={experiment}"), nodes)
+    assert str(refused.value).startswith(f"rehearsal=cpu on {nodes} nodes: ") and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("experiment, nodes, prompts", [("python_tool_qwen2p5_7b", 1, 8), ("long_horizon_r1_distill_1p5b", 1, 8),
+                                                        ("moe_lag8_qwen3_30b_a3b", 4, 4)])
+def test_rehearsed_flags_pass_molts_parser_and_validation(tmp_path, experiment, nodes, prompts):
+    _, cfg = rehearsed(compose_job(f"experiment={experiment}", "dry_run=true"), tmp_path, nodes=nodes)
     job = prepare_molt_job(cfg, tmp_path / "run")
     argv = job.command.argv(missing="x")
     assert argv[argv.index("--fsdp.attn_implementation") + 1] == "sdpa"
-    assert argv[argv.index("--rollout.batch_size") + 1] == "8"
+    assert argv[argv.index("--rollout.batch_size") + 1] == str(prompts)
 
 
 def test_a_rehearsal_refuses_what_the_real_model_refuses(tmp_path):

@@ -22,7 +22,6 @@ directory, with the reason in its log, and the other jobs still run.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -37,6 +36,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from molt_flashreinforce.cluster.errors import ClusterError
 from molt_flashreinforce.launch.errors import LaunchError
 
 PROG = "molt-flashreinforce"
@@ -60,6 +60,13 @@ def plain_override_dirname(dirname: str) -> str:
 OmegaConf.register_new_resolver("plain_override_dirname", plain_override_dirname, replace=True)
 
 
+def allocation_of(cfg: DictConfig):
+    """This task's multi-node SLURM allocation (None: no SLURM, one node, or a dry run)."""
+    from molt_flashreinforce.cluster import slurm
+
+    return None if cfg.dry_run else slurm.allocation(os.environ)
+
+
 def run(cfg: DictConfig, run_dir: Path) -> None:
     """Launch one composed job whose outputs go to `run_dir`; bad input raises `LaunchError` first."""
     from molt_flashreinforce.launch.validate import validate
@@ -68,7 +75,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     if cfg.rehearsal.mode == "cpu":
         from molt_flashreinforce.rehearsal.run import run_rehearsal
 
-        summary = run_rehearsal(cfg, run_dir)
+        summary = run_rehearsal(cfg, run_dir, allocation_of(cfg))
         if summary is not None:
             print("\n".join(summary.lines()))
         return
@@ -83,12 +90,14 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
         local.run(cfg, run_dir)
         return
 
-    from molt_flashreinforce.launch import ray_cluster
+    from molt_flashreinforce.cluster import ray_nodes
     from molt_flashreinforce.launch.job import prepare_molt_job, run_molt_job
 
-    role = None if cfg.dry_run else ray_cluster.slurm_role(os.environ)
-    if role is not None and not role.is_head:
-        ray_cluster.join_as_worker(role)  # the head node's task prepares and runs the job
+    allocation = allocation_of(cfg)
+    settings = ray_nodes.ClusterSettings.from_node(cfg.cluster)
+    gpu_node = ray_nodes.NodeResources()  # Ray detects each node's CPUs and GPUs
+    if allocation is not None and not allocation.is_head:
+        ray_nodes.join(allocation, settings, gpu_node, run_dir)  # the head node's task prepares and runs the job
         return
     print("Checking the flags with Molt's own parser and validation (importing Molt takes about 20 s) ...", flush=True)
     job = prepare_molt_job(cfg, run_dir)
@@ -100,8 +109,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     if cfg.dry_run:
         print("dry_run=true: not starting Ray.")
         return
-    with ray_cluster.head_node(role) if role is not None else contextlib.nullcontext({}) as cluster_env:
-        run_molt_job(job, extra_env=cluster_env)
+    ray_nodes.run(allocation, settings, gpu_node, run_dir, lambda cluster_env: run_molt_job(job, extra_env=cluster_env))
 
 
 class RefusedJob(CompactHydraException):
@@ -147,6 +155,14 @@ def _hydra_main(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         run(cfg, run_dir)
+    except ClusterError as error:
+        # A cluster that could not form (a node that never joined, a head out of reach): one line, and
+        # the run directory keeps whatever the nodes wrote.
+        _log_to_files(f"cluster: {error}")
+        print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
+        if hydra_cfg.mode == RunMode.RUN:
+            sys.exit(1)
+        raise RefusedJob(f"{PROG}: error: {error}") from None
     except LaunchError as error:
         # Into the job's log file, so a refused job of a sweep keeps its reason.
         _log_to_files(f"refused: {error}")

@@ -4,7 +4,8 @@
 renders the flags, lists missing resources, parses and validates the flags with Molt's own
 parser and checks, builds the PolicyLoss the GPU actors will build, and writes the run records.
 `run_molt_job(job)` then runs `molt_main` in a child process, so Ray and CUDA state never outlive
-the job, with its output copied to `<run_dir>/molt.log`; a failed run raises and keeps its log.
+the job, with its output copied to `<run_dir>/molt.log` and where its actors ran in
+`<run_dir>/launch/actors_by_node.json`; a failed run raises and keeps its log.
 
 Rerunning in a run directory that holds a complete Molt checkpoint adds `--ckpt.load_enable`.
 """
@@ -27,6 +28,7 @@ from molt_flashreinforce.launch.records import write_records
 from molt_flashreinforce.launch.render import CHECKPOINT_SUBDIR, MOLT_ENTRY_MODULE, MoltCommand, render_command
 
 LOG_NAME = "molt.log"
+ACTOR_MAP_NAME = "actors_by_node.json"  # under <run_dir>/launch/, written by molt_main
 # Stands in for secrets read from the environment at launch (W&B key) when a dry run validates.
 _DRY_RUN_SECRET = "dry-run-placeholder"
 
@@ -84,7 +86,11 @@ def prepare_molt_job(cfg: DictConfig, run_dir: Path) -> MoltJob:
 
 def run_molt_job(job: MoltJob, extra_env: dict[str, str] | None = None, module: str = MOLT_ENTRY_MODULE) -> None:
     """Run `module` (Molt's entry point; the CPU rehearsal passes its driver) on the job's flags."""
-    env = {**os.environ, **job.command.env, **(extra_env or {})}
+    from molt_flashreinforce.launch.molt_main import ACTOR_MAP_VARIABLE
+
+    placed = job.run_dir / "launch" / ACTOR_MAP_NAME
+    placed.unlink(missing_ok=True)  # an earlier attempt's map must not pass for this one's
+    env = {**os.environ, **job.command.env, **(extra_env or {}), ACTOR_MAP_VARIABLE: str(placed)}
     argv = [sys.executable, "-u", "-m", module, *job.command.argv()]
     log_path = job.run_dir / LOG_NAME
     with log_path.open("a", encoding="utf-8") as log:

@@ -6,6 +6,9 @@ Runs Molt's own parser, validation and `train(args)` unchanged (see `molt_cli`),
 combination fails here, and it starts Ray itself with our worker setup hook, so every Ray worker
 registers the plugin and installs the policy-lag probe before it loads an actor.
 
+When MOLT_FLASHREINFORCE_ACTOR_MAP names a file, it receives, right after `train(args)`, which
+node hosted which of Molt's actors (`cluster.actor_map`).
+
 Environment variables named in MOLT_FLASHREINFORCE_WORKER_ENV (comma-separated, e.g.
 MAX_AGENT_TURNS,ALFWORLD_DATA) are forwarded to every worker, also when Ray attaches to an
 existing cluster (SLURM) whose workers did not inherit this process's environment.
@@ -15,8 +18,12 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
+from molt_flashreinforce.cluster import actor_map
 from molt_flashreinforce.launch.render import WORKER_ENV_VARIABLE
+
+ACTOR_MAP_VARIABLE = "MOLT_FLASHREINFORCE_ACTOR_MAP"
 
 
 def worker_env_vars(environ: dict[str, str]) -> dict[str, str]:
@@ -50,6 +57,8 @@ def main(argv: list[str] | None = None, *, setup_hook: str | None = None, ray_op
     ray.init(runtime_env={"env_vars": env_vars, "worker_process_setup_hook": setup_hook or SETUP_HOOK}, **options)
     try:
         train(args)
+        if os.environ.get(ACTOR_MAP_VARIABLE):
+            actor_map.write(Path(os.environ[ACTOR_MAP_VARIABLE]))
     finally:
         ray.shutdown()
 

@@ -10,7 +10,8 @@ value and the fix; `launch/app.py` prints it once on stderr and exits with statu
   groups) and turns Hydra's composition errors into "did you mean ...?" lines: an unknown key gets
   the closest existing keys (Hydra itself would advise adding it with `+`), an unknown group option
   the closest options. Errors it does not recognise are left to Hydra, so nothing is lost.
-* `validate` checks the backend, the seed, the `algo` node's types and choices, then the backend's
+* `validate` checks the backend, the rehearsal and `cluster.*` settings, the seed, the `algo` node's
+  types and choices, then the backend's
   own settings: `local.*` through `LocalConfig` (backend=local), the Molt launch checks
   (`checks.check_config`, backend=molt).
 
@@ -247,10 +248,21 @@ def _check_rehearsal(cfg: DictConfig) -> None:
         _integer(f"rehearsal.{key}", rehearsal[key], 1, fix)
 
 
+def _check_cluster(cluster: DictConfig) -> None:
+    _integer("cluster.ray_port", cluster.ray_port, 1, "use a free TCP port such as cluster.ray_port=6379")
+    if cluster.ray_port > 65535:
+        raise LaunchError(f"cluster.ray_port={cluster.ray_port} is not a TCP port; use one below 65536 such as 6379")
+    timeout = _number("cluster.join_timeout_s", cluster.join_timeout_s, "e.g. cluster.join_timeout_s=600")
+    if not 0 < timeout < math.inf:
+        raise LaunchError(f"cluster.join_timeout_s={cluster.join_timeout_s} must be a positive number of seconds, "
+                          "e.g. cluster.join_timeout_s=600")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise `LaunchError` for the first bad value of a composed config; return None when it is fine."""
     _choice("backend", cfg.backend, BACKENDS)
     _check_rehearsal(cfg)
+    _check_cluster(cfg.cluster)
     _boolean("dry_run", cfg.dry_run)
     _integer("seed", cfg.seed, 0, "use a non-negative integer such as seed=0")
     _choice("algo.name", cfg.algo.name, ALGORITHMS)

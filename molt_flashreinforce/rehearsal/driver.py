@@ -5,17 +5,16 @@ The driver process gets the stand-ins first (`standins.install_driver`: vLLM's e
 becomes the CPU engine); every Ray worker gets them through the rehearsal's setup hook, which
 then runs the plugin's own. Ray starts with logical GPUs (`MOLT_FLASHREINFORCE_REHEARSAL_GPUS`),
 so Molt's GPU bundles, `num_gpus=1` actors and its over-subscription check all run unchanged.
+On a multi-node allocation (RAY_ADDRESS set by `cluster.ray_nodes`) each node's `ray start` has
+declared those logical resources (`node_resources`), and the driver only connects.
 """
 
 from __future__ import annotations
 
 import os
 
-from molt_flashreinforce.rehearsal.run import LOGICAL_GPUS_VARIABLE
+from molt_flashreinforce.rehearsal.run import LOGICAL_GPUS_VARIABLE, RAY_CPUS
 from molt_flashreinforce.rehearsal.standins import ENVIRONMENT, LOOPBACK, SETUP_HOOK, install_driver
-
-RAY_CPUS = 8  # logical: one per actor Molt starts, all sharing this machine's cores
-
 
 def main() -> None:
     from molt_flashreinforce.launch import molt_main
@@ -23,16 +22,11 @@ def main() -> None:
     install_driver()
     passthrough = ("GLOO_SOCKET_IFNAME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS", "PYTHONPATH",
                    "RAY_prestart_worker_first_driver", *ENVIRONMENT)
-    molt_main.main(
-        setup_hook=SETUP_HOOK,
-        ray_options={
-            "num_cpus": RAY_CPUS,
-            "num_gpus": int(os.environ[LOGICAL_GPUS_VARIABLE]),
-            "include_dashboard": False,
-            "_node_ip_address": LOOPBACK,
-            "env_vars": {name: os.environ[name] for name in passthrough if name in os.environ},
-        },
-    )
+    options: dict = {"env_vars": {name: os.environ[name] for name in passthrough if name in os.environ}}
+    if "RAY_ADDRESS" not in os.environ:  # one node: this process starts Ray with the logical resources
+        options.update(num_cpus=RAY_CPUS, num_gpus=int(os.environ[LOGICAL_GPUS_VARIABLE]), include_dashboard=False,
+                       _node_ip_address=LOOPBACK)
+    molt_main.main(setup_hook=SETUP_HOOK, ray_options=options)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,12 @@ as a GPU launch (checks, rendering, Molt's parser and validation, run records) a
 The experiment's agent file, reward and async queue structure are kept; in-flight rollouts
 scale with the batch, so the queue's lag structure survives the shrink.
 
+On a multi-node SLURM allocation (`run_rehearsal(cfg, run_dir, allocation)`) the rehearsal goes
+through the same cluster code as a GPU launch (`cluster.ray_nodes`): the first node leads, the
+others join its Ray cluster, and `layout` spreads the placement over the nodes as the GPU
+launch would, with one logical GPU per node: the actor's ranks on `placement.actor.nodes`
+nodes (expert parallelism across them for an MoE), an engine on each of the others.
+
 Resuming: rerunning in a run directory that holds a Molt checkpoint continues from it (the
 launcher adds `--ckpt.load_enable`); `rehearsal.resume=true` continues the newest rehearsal of
 the same experiment and algo. Either way `rehearsal.steps` more steps are trained.
@@ -33,6 +39,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from molt_flashreinforce import metrics
+from molt_flashreinforce.cluster.ray_nodes import NodeResources
+from molt_flashreinforce.cluster.slurm import Allocation
+from molt_flashreinforce.rehearsal.standins import LOOPBACK
 from molt_flashreinforce.launch import model_context
 from molt_flashreinforce.launch.errors import LaunchError
 
@@ -41,6 +50,12 @@ WORK_SUBDIR = "rehearsal"
 SUMMARY_NAME = "summary.json"
 STEP_FILE = "steps_done.json"
 LOGICAL_GPUS_VARIABLE = "MOLT_FLASHREINFORCE_REHEARSAL_GPUS"
+RAY_CPUS = 8  # logical, per Ray node: one per actor Molt starts, all sharing this machine's cores
+# Each node of a multi-node rehearsal: logical CPUs and one logical GPU, servers on the loopback.
+# Its nodes share one host, so only the head runs a log monitor (each would stream every log of
+# the host to the driver, and Molt's output would arrive once per node).
+REHEARSAL_NODE = NodeResources(num_cpus=RAY_CPUS, num_gpus=1, extra_args=(f"--node-ip-address={LOOPBACK}",),
+                               head_args=("--include-dashboard=false",), worker_args=("--include-log-monitor=false",))
 _WEIGHT_CHECK = re.compile(r"\[check_weight_update\] (.+)")
 
 
@@ -60,6 +75,8 @@ class Summary:
     resumed_from_step: int
     standins: dict[str, str]
     real: list[str]
+    ray_nodes: int | None = None  # Ray nodes that hosted the run's actors
+    actors_by_node: dict[str, dict[str, int]] = field(default_factory=dict)
     phases_s: dict[str, float] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
@@ -74,6 +91,9 @@ class Summary:
             f"max {fmt(self.policy_lag_max)}; trajectories spanning a refit {fmt(self.versions_mixed_fraction)}",
             f"  acceptance rate {fmt(self.acceptance_rate)}; reward mean {fmt(self.reward_mean)}; "
             f"vllm_kl at the first step {fmt(self.vllm_kl_first_step)}; weight check landed {landed}/{len(self.weight_checks)}",
+            f"  ran on {fmt(self.ray_nodes)} Ray node(s): " + "; ".join(
+                f"{node}: " + ", ".join(f"{name} x{count}" for name, count in actors.items())
+                for node, actors in self.actors_by_node.items()),
             "  ran for real: " + ", ".join(self.real),
             "  stand-ins: " + "; ".join(f"{name} ({what})" for name, what in self.standins.items()),
             "  wall time: " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.phases_s.items()),
@@ -107,26 +127,62 @@ def prompts_per_step(cfg: DictConfig) -> int:
     return max(1, int(cfg.rehearsal.trajectories_per_step) // int(cfg.algo.group_size))
 
 
-def rehearsal_overrides(cfg: DictConfig, model_dir: Path, data_dir: Path, total_steps: int) -> dict[str, object]:
+@dataclass(frozen=True)
+class Layout:
+    """Where the rehearsal's actor ranks and engines go: all on one node, or spread like the
+    placement with one logical GPU per node."""
+
+    nodes: int
+    actor_nodes: int
+    actor_gpus_per_node: int
+    expert_parallel: int
+    engines: int
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.actor_gpus_per_node + self.engines if self.nodes == 1 else 1
+
+
+def layout(cfg: DictConfig, nodes: int) -> Layout:
+    """The placement scaled to `nodes` rehearsal nodes; refused in one line when it cannot be."""
+    placement = cfg.placement
+    # Molt builds MoE models only with expert parallelism, so an EP experiment keeps EP 2 (two
+    # FSDP ranks over gloo); every other one gets a single policy actor.
+    moe = int(placement.actor.ep) > 1
+    if nodes == 1:
+        expert_parallel = 2 if moe else 1
+        return Layout(nodes=1, actor_nodes=1, actor_gpus_per_node=expert_parallel, expert_parallel=expert_parallel, engines=1)
+    actor_nodes, placement_nodes = int(placement.actor.nodes), int(placement.nodes)
+    if not actor_nodes < nodes <= placement_nodes:
+        raise LaunchError(
+            f"rehearsal=cpu on {nodes} nodes: placement.nodes={placement_nodes} with the actor on placement.actor.nodes="
+            f"{actor_nodes} and the engines on the others, so rehearse on {actor_nodes + 1}"
+            f"{f' to {placement_nodes}' if placement_nodes > actor_nodes + 1 else ''} nodes, or on one")
+    return Layout(nodes=nodes, actor_nodes=actor_nodes, actor_gpus_per_node=1,
+                  expert_parallel=actor_nodes if moe else 1, engines=nodes - actor_nodes)
+
+
+def rehearsal_overrides(cfg: DictConfig, model_dir: Path, data_dir: Path, total_steps: int,
+                        spread: Layout) -> dict[str, object]:
     """Every key the rehearsal changes, with its new value."""
     rehearsal = cfg.rehearsal
     prompts = prompts_per_step(cfg)
     trajectories = prompts * int(cfg.algo.group_size)
     molt = cfg.molt
-    # Molt builds MoE models only with expert parallelism, so an EP experiment keeps EP 2 (two
-    # FSDP ranks over gloo); every other one gets a single policy actor.
-    expert_parallel = 2 if int(cfg.placement.actor.ep) > 1 else 1
-    micro_batch = max(1, trajectories // (2 * expert_parallel))  # two micro-batches: accumulation runs
+    actor_ranks = spread.actor_nodes * spread.actor_gpus_per_node
+    micro_batch = max(1, trajectories // (2 * actor_ranks))  # two micro-batches: accumulation runs
     overrides: dict[str, object] = {
         "model.name_or_path": str(model_dir),
         "model.dir": str(model_dir.parent / "models"),
         "data.dir": str(data_dir),
-        "placement.actor.nodes": 1,
-        "placement.actor.gpus_per_node": expert_parallel,
+        "placement.nodes": spread.nodes,
+        "placement.gpus_per_node": spread.gpus_per_node,
+        "placement.actor.nodes": spread.actor_nodes,
+        "placement.actor.gpus_per_node": spread.actor_gpus_per_node,
         "placement.actor.tp": 1,
-        "placement.actor.ep": expert_parallel,
+        "placement.actor.ep": spread.expert_parallel,
         "placement.actor.cp": 1,
-        "placement.vllm.engines": 1,
+        "placement.vllm.engines": spread.engines,
         "placement.vllm.tp": 1,
         "agent.max_turns": min(int(cfg.agent.max_turns), int(rehearsal.max_turns)),
         "logger.wandb.enable": False,
@@ -160,6 +216,8 @@ def _mean(values: list[float]) -> float | None:
 def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phases: dict[str, float]) -> Summary:
     """The rehearsal's summary from its TensorBoard scalars (steps after `resumed_from`) and the
     part of Molt's output (`log`) this rehearsal wrote."""
+    from molt_flashreinforce.cluster import actor_map
+    from molt_flashreinforce.launch.job import ACTOR_MAP_NAME
     from molt_flashreinforce.rehearsal.standins import STANDINS
     from molt_flashreinforce.report.events import read_scalars
 
@@ -168,6 +226,7 @@ def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phase
     def since_resume(tag: str) -> list[float]:
         return [value for step, value in scalars.get(tag, ()) if step > resumed_from]
 
+    placed = actor_map.read(run_dir / "launch" / ACTOR_MAP_NAME)
     consumed, lag_max, kl = since_resume(metrics.ROLLOUTS_CONSUMED), since_resume(metrics.POLICY_LAG_MAX), since_resume(metrics.VLLM_KL)
     return Summary(
         experiment=str(cfg.experiment_name),
@@ -184,6 +243,8 @@ def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phase
         resumed_from_step=resumed_from,
         standins=dict(STANDINS),
         real=list(REAL_PARTS),
+        ray_nodes=len(placed) if placed else None,
+        actors_by_node=placed or {},
         phases_s=phases,
     )
 
@@ -210,8 +271,10 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
-    """Rehearse the job (None under dry_run=true, which stops after validation)."""
+def run_rehearsal(cfg: DictConfig, run_dir: Path, allocation: Allocation | None = None) -> Summary | None:
+    """Rehearse the job (None under dry_run=true, which stops after validation, and on the nodes of a
+    multi-node allocation that join the first node's cluster)."""
+    from molt_flashreinforce.cluster import ray_nodes
     from molt_flashreinforce.launch.job import LOG_NAME, latest_checkpoint, prepare_molt_job, run_molt_job
     from molt_flashreinforce.rehearsal.data import prepare_rehearsal_data
     from molt_flashreinforce.rehearsal.tiny_model import build_tiny_model
@@ -223,6 +286,11 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
         if all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):  # only Hydra's own files
             shutil.rmtree(run_dir, ignore_errors=True)
         run_dir = previous
+    spread = layout(cfg, len(allocation.nodes) if allocation is not None else 1)
+    settings = ray_nodes.ClusterSettings.from_node(cfg.cluster)
+    if allocation is not None and not allocation.is_head:
+        ray_nodes.join(allocation, settings, REHEARSAL_NODE, run_dir)
+        return None
     work = run_dir / WORK_SUBDIR
     work.mkdir(parents=True, exist_ok=True)
     steps_file = work / STEP_FILE
@@ -240,7 +308,7 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
     started = time.monotonic()
     rehearsed = cfg.copy()  # with the tiny model's own context: the same checks as the real model's
     OmegaConf.set_struct(rehearsed, False)
-    for key, value in rehearsal_overrides(cfg, model_dir, data_dir, total).items():
+    for key, value in rehearsal_overrides(cfg, model_dir, data_dir, total, spread).items():
         _set(rehearsed, key, value)
     copy = model_context.extended_copy_path(rehearsed)
     if copy is not None and not copy.is_dir():  # the step a GPU user runs once (docs/launch.md)
@@ -254,13 +322,13 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
     if cfg.dry_run:
         print("dry_run=true: the rehearsal's model, data and Molt command are ready; not starting Ray.")
         return None
-    gpus = int(rehearsed.placement.actor.gpus_per_node) + int(rehearsed.placement.vllm.engines)
-    job.command.env.update(_child_env({LOGICAL_GPUS_VARIABLE: str(gpus)}))
+    job.command.env.update(_child_env({LOGICAL_GPUS_VARIABLE: str(spread.gpus_per_node)}))
     print(f"rehearsal: Molt command in {run_dir / 'launch' / 'molt_command.sh'}; log {run_dir / 'molt.log'}", flush=True)
     log_path = run_dir / LOG_NAME
     log_start = log_path.stat().st_size if log_path.is_file() else 0  # a resumed run appends to it
     started = time.monotonic()
-    run_molt_job(job, module=DRIVER_MODULE)
+    ray_nodes.run(allocation, settings, REHEARSAL_NODE, run_dir,
+                  lambda cluster_env: run_molt_job(job, extra_env=cluster_env, module=DRIVER_MODULE))
     phases["Molt (Ray start-up, actors, training, checkpoint)"] = time.monotonic() - started
     steps_file.write_text(json.dumps({"steps": total}))
 

@@ -1,0 +1,10 @@
+"""Everything that spans machines, in one place that a GPU launch and a CPU rehearsal both go through.
+
+* `slurm`: what the SLURM allocation says (nodes, this task's role, the head's address);
+* `ray_nodes`: one Ray node per SLURM node (the head waits for the others, workers join and
+  leave with it), with join timeouts, a version check and each node's logs kept in the run;
+* `processes`: each node's task as a subreaper, so no process of the run outlives it;
+* `actor_map`: which Ray node hosted which of Molt's actors (the run's `actors_by_node.json`).
+
+Nothing here imports Molt or the rest of the package: the launcher and the rehearsal call in.
+"""
