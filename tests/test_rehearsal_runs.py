@@ -1,9 +1,18 @@
-"""CPU rehearsals (`rehearsal=cpu`) of every paper experiment through Molt's real async runtime.
+"""CPU rehearsals (`rehearsal=cpu`) of every paper experiment through Molt's real async runtime, each
+on as many nodes as its placement spreads over.
 
-Each test runs the real command line in a child process: Molt's unmodified `train(args)` with
-its actors, queue, router, FSDP2 actor, refits and checkpointing, this plugin in every worker,
-and the experiment's own agent file, data format and reward. Only the stand-ins listed in
-`rehearsal.standins.STANDINS` replace what this CPU cannot run (vLLM's engine, NCCL, CUDA).
+Each test runs the real command line: Molt's unmodified `train(args)` with its actors, queue,
+router, FSDP2 actor, refits and checkpointing, this plugin in every worker, and the experiment's
+own agent file, data format and reward. Only the stand-ins listed in `rehearsal.standins.STANDINS`
+replace what this CPU cannot run (vLLM's engine, NCCL, CUDA).
+
+The experiments whose placement has more than one node run on the local SLURM cluster of
+`conftest.slurm` (four slurmd on this host), through `launchers/slurm_job.sbatch` (math, ALFWorld)
+or the `molt_slurm` Hydra launcher (tool, MoE), so that our head/worker code, Molt's placement
+groups, the router, the gloo refit group and checkpointing all work across Ray nodes. R1 (one
+node) and the GRPO baseline run on this machine as a one-node launch does. The math rehearsal
+resumes on other nodes with another head; the lifecycle tests end a two-node job on purpose and
+by `scancel`, and find no process of it left on any node.
 """
 
 from __future__ import annotations
@@ -11,11 +20,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from molt_flashreinforce import metrics
+from molt_flashreinforce.cluster.ray_nodes import CLUSTER_SUBDIR
 from molt_flashreinforce.launch.job import latest_checkpoint
 from molt_flashreinforce.rehearsal.run import SUMMARY_NAME, WORK_SUBDIR
 from molt_flashreinforce.rehearsal.standins import STANDINS
@@ -23,35 +35,122 @@ from molt_flashreinforce.report.events import read_scalars
 
 pytestmark = pytest.mark.slow
 
-REHEARSALS = {
-    "math": ["experiment=math_qwen2p5_1p5b"],
-    "tool": ["experiment=python_tool_qwen2p5_7b"],
-    "moe": ["experiment=moe_lag8_qwen3_30b_a3b"],
-    "alfworld": ["experiment=alfworld_qwen2p5_7b"],
-    "r1": ["experiment=long_horizon_r1_distill_1p5b"],
-    "math_grpo": ["experiment=math_qwen2p5_1p5b", "algo=grpo"],
-}
+REPO = Path(__file__).resolve().parents[1]
+SBATCH_SCRIPT = str(REPO / "launchers" / "slurm_job.sbatch")
 TRAJECTORIES_PER_STEP = 8  # rehearsal/cpu.yaml
 PER_STEP = {"alfworld": 4, "moe": 4}  # the experiments' own rehearsal.trajectories_per_step
+REHEARSAL_TIMEOUT_S = 1200
+# name -> (overrides, how it is launched, nodes). Nodes: the placement's (gpu16_*: 2, the MoE's gpu32: 4).
+REHEARSALS = {
+    "math": (["experiment=math_qwen2p5_1p5b"], "sbatch", 2),
+    "tool": (["experiment=python_tool_qwen2p5_7b"], "molt_slurm", 2),
+    "moe": (["experiment=moe_lag8_qwen3_30b_a3b"], "molt_slurm", 4),
+    "alfworld": (["experiment=alfworld_qwen2p5_7b"], "sbatch", 2),
+    "r1": (["experiment=long_horizon_r1_distill_1p5b"], "local", 1),
+    "math_grpo": (["experiment=math_qwen2p5_1p5b", "algo=grpo"], "local", 1),
+}
+# The scaled placement: node(s) hosting the policy actor's ranks, and the engines'.
+SPLIT = {"math": (1, 1), "tool": (1, 1), "alfworld": (1, 1), "moe": (2, 2), "r1": (1, 1), "math_grpo": (1, 1)}
+_ports = iter(range(26379, 26479))  # a fresh Ray port per job: no wait for a previous one's TIME_WAIT
 
 
-def rehearse(workdir: Path, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+def local_rehearsal(workdir: Path, run_dir: Path, *overrides: str) -> str:
     command = [sys.executable, "-m", "molt_flashreinforce", *overrides, "rehearsal=cpu", f"hydra.run.dir={run_dir}"]
-    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=REHEARSAL_TIMEOUT_S)
     assert done.returncode == 0, f"{' '.join(overrides)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    return done
+    return done.stdout
+
+
+def job_state(job_id: str, env: dict[str, str]) -> dict[str, str]:
+    shown = subprocess.run(["scontrol", "show", "job", job_id, "-o"], env=env, capture_output=True, text=True).stdout
+    return dict(field.partition("=")[::2] for field in shown.split())
+
+
+def wait_for(job_id: str, env: dict[str, str], timeout_s: float = REHEARSAL_TIMEOUT_S) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = job_state(job_id, env)
+        if state.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            return state
+        time.sleep(1)
+    raise AssertionError(f"SLURM job {job_id} did not finish in {timeout_s} s")
+
+
+def sbatch(slurm: dict[str, str], workdir: Path, nodes: int, script_arguments: list[str], run_dir: Path,
+           options: tuple[str, ...] = ()) -> str:
+    """Submit launchers/slurm_job.sbatch on CPU-only nodes (options on the command line override
+    its #SBATCH lines), writing into `run_dir` (the script's RUN_DIR)."""
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--nodes={nodes}", "--gpus-per-node=0", "--cpus-per-task=1", "--time=30", *options,
+         SBATCH_SCRIPT, *script_arguments, f"cluster.ray_port={next(_ports)}"],
+        cwd=workdir, env={**slurm, "RUN_DIR": str(run_dir)}, capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    return submitted.stdout.strip().split(";")[0]
+
+
+def leftovers(job_id: str) -> list[str]:
+    """Processes of the job still alive on this host (every node of the local cluster): whatever
+    carries its SLURM_JOB_ID, and any Ray daemon at all (no other Ray runs during these tests)."""
+    found = []
+    for process in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            command = " ".join(process.info["cmdline"] or [])
+            tagged = process.environ().get("SLURM_JOB_ID") == job_id
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+        if (tagged and not command.startswith("slurmstepd")) or process.info["name"] in ("raylet", "gcs_server"):
+            found.append(f"{process.info['pid']} {command[:100]}")
+    return found
+
+
+def no_process_left_within(job_id: str, seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while (left := leftovers(job_id)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
+
+
+def sbatch_rehearsal(slurm, workdir: Path, nodes: int, overrides: list[str], run_dir: Path,
+                     extra_sbatch: tuple[str, ...] = ()) -> str:
+    experiment = overrides[0].removeprefix("experiment=")
+    job_id = sbatch(slurm, workdir, nodes, [experiment, *overrides[1:], "rehearsal=cpu"], run_dir, options=extra_sbatch)
+    state = wait_for(job_id, slurm)
+    output = (workdir / f"slurm-{job_id}.out").read_text()
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", output[-6000:]
+    assert no_process_left_within(job_id, 30) == []
+    return output
+
+
+def molt_slurm_rehearsal(slurm, workdir: Path, overrides: list[str], sweep_dir: Path) -> tuple[Path, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "molt_flashreinforce", "-m", "hydra/launcher=molt_slurm", "hydra.launcher.partition=local",
+         "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=30", *overrides, "rehearsal=cpu",
+         f"cluster.ray_port={next(_ports)}", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=workdir, env=slurm, capture_output=True, text=True, timeout=REHEARSAL_TIMEOUT_S)
+    assert done.returncode == 0, f"{' '.join(overrides)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    (run_dir,) = [d for d in sweep_dir.iterdir() if d.is_dir() and d.name[0].isdigit()]
+    (out,) = sweep_dir.glob(".submitit/*_0/*_0_log.out")  # task 0: the head, which printed the summary
+    job_id = out.parent.name.partition("_")[0]
+    assert no_process_left_within(job_id, 30) == []
+    return run_dir, out.read_text()
 
 
 @pytest.fixture(scope="module")
-def rehearsals(tmp_path_factory):
-    """Each rehearsal runs once, on first use: name -> (run dir, stdout)."""
+def rehearsals(tmp_path_factory, request):
+    """Each rehearsal runs once, on first use: name -> (run dir, what it printed)."""
     root = tmp_path_factory.mktemp("rehearsals")
     done: dict[str, tuple[Path, str]] = {}
 
     def get(name: str) -> tuple[Path, str]:
         if name not in done:
+            overrides, how, nodes = REHEARSALS[name]
             run_dir = root / name / "first"
-            done[name] = (run_dir, rehearse(root, run_dir, *REHEARSALS[name]).stdout)
+            if how == "local":
+                done[name] = (run_dir, local_rehearsal(root, run_dir, *overrides))
+            elif how == "sbatch":
+                done[name] = (run_dir, sbatch_rehearsal(request.getfixturevalue("slurm"), root, nodes, overrides, run_dir))
+            else:
+                done[name] = molt_slurm_rehearsal(request.getfixturevalue("slurm"), root, overrides, root / name)
         return done[name]
 
     return get
@@ -61,8 +160,8 @@ def summary_of(run_dir: Path) -> dict:
     return json.loads((run_dir / WORK_SUBDIR / SUMMARY_NAME).read_text())
 
 
-def check_rehearsal(run_dir: Path, stdout: str, steps: int, min_lag: int, per_step: int = TRAJECTORIES_PER_STEP,
-                    sampled_log_probs: bool = True) -> dict:
+def check_rehearsal(name: str, run_dir: Path, stdout: str, steps: int, min_lag: int, sampled_log_probs: bool = True) -> dict:
+    per_step = PER_STEP.get(name, TRAJECTORIES_PER_STEP)
     summary = summary_of(run_dir)
     scalars = read_scalars(run_dir / "tensorboard")
     assert summary["steps"] == steps
@@ -75,35 +174,67 @@ def check_rehearsal(run_dir: Path, stdout: str, steps: int, min_lag: int, per_st
     assert consumed == [float(per_step * (i + 1)) for i in range(steps)]
     # The engine is honest: the trainer's recomputed log-probs match the sampled ones at step 1
     # (Molt keeps the sampling log-probs, and logs vllm_kl, only with an importance correction),
-    # and every refit reached every engine weight (--train.check_weight_update_equal).
+    # and every refit reached every engine weight (--train.check_weight_update_equal), also when
+    # the engines sit on other nodes than the actor.
     if sampled_log_probs:
         assert abs(scalars[metrics.VLLM_KL][0][1]) < 1e-3
     else:
         assert metrics.VLLM_KL not in scalars
     assert len(summary["weight_checks"]) == steps
     assert all("landed on every vLLM weight" in line for line in summary["weight_checks"])
-    assert latest_checkpoint(run_dir) is not None  # Molt's own checkpointing
-    for name in STANDINS:
-        assert name in stdout
+    assert latest_checkpoint(run_dir) is not None  # Molt's own checkpointing, from every FSDP rank
+    for standin in STANDINS:
+        assert standin in stdout
+    check_placement(name, summary, stdout)
     return scalars
+
+
+def check_placement(name: str, summary: dict, stdout: str) -> None:
+    """The placement's split holds: the actor's ranks on their own node(s), one engine on each other."""
+    actor_nodes, engine_nodes = SPLIT[name]
+    nodes = REHEARSALS[name][2]
+    by_node = summary["actors_by_node"]
+    with_actor = {node for node, actors in by_node.items() if "PolicyModelActor" in actors}
+    with_engine = {node for node, actors in by_node.items() if "CpuRolloutEngine" in actors}
+    assert summary["ray_nodes"] == len(by_node) == nodes
+    assert f"ran on {nodes} Ray node(s): " in stdout
+    assert len(with_actor) == actor_nodes and len(with_engine) == engine_nodes
+    if nodes > 1:
+        assert with_actor.isdisjoint(with_engine)
+        assert all(by_node[node]["PolicyModelActor"] == 1 for node in with_actor)  # one rank per node
+        assert all(by_node[node]["CpuRolloutEngine"] == 1 for node in with_engine)
+    else:
+        assert by_node[next(iter(with_actor))]["PolicyModelActor"] == (2 if name == "moe" else 1)
+
+
+def check_node_logs(run_dir: Path, nodes: int) -> None:
+    (job_dir,) = (run_dir / CLUSTER_SUBDIR).iterdir() if nodes > 1 else [None]
+    if job_dir is None:
+        return
+    for node in sorted(p for p in job_dir.iterdir() if p.is_dir()):
+        assert "Ray runtime started" in (node / "ray_start.log").read_text()
+        assert list((node / "ray_logs").glob("raylet*.out"))
+    assert len([p for p in job_dir.iterdir() if p.is_dir()]) == nodes
 
 
 @pytest.mark.parametrize("name, min_lag", [("math", 1), ("tool", 1), ("r1", 1), ("alfworld", 1)])
 def test_flashreinforce_rehearsal(rehearsals, name, min_lag):
     run_dir, stdout = rehearsals(name)
-    scalars = check_rehearsal(run_dir, stdout, steps=4, min_lag=min_lag, per_step=PER_STEP.get(name, TRAJECTORIES_PER_STEP))
+    scalars = check_rehearsal(name, run_dir, stdout, steps=4, min_lag=min_lag)
     acceptance = [value for _, value in scalars[metrics.ACCEPTANCE_RATE]]
     assert len(acceptance) == 4 and all(0.0 <= a <= 1.0 for a in acceptance)
+    check_node_logs(run_dir, REHEARSALS[name][2])
 
 
-def test_moe_rehearsal_keeps_the_lag_8_queue_structure(rehearsals):
+def test_moe_rehearsal_spreads_expert_parallelism_over_nodes_and_keeps_the_lag_8_queue(rehearsals):
     run_dir, stdout = rehearsals("moe")
-    check_rehearsal(run_dir, stdout, steps=6, min_lag=4, per_step=PER_STEP["moe"])
+    check_rehearsal("moe", run_dir, stdout, steps=6, min_lag=4)
+    check_node_logs(run_dir, 4)
 
 
 def test_grpo_rehearsal(rehearsals):
     run_dir, stdout = rehearsals("math_grpo")
-    scalars = check_rehearsal(run_dir, stdout, steps=4, min_lag=1, sampled_log_probs=False)  # GRPO: IS off
+    scalars = check_rehearsal("math_grpo", run_dir, stdout, steps=4, min_lag=1, sampled_log_probs=False)  # GRPO: IS off
     assert metrics.ACCEPTANCE_RATE not in scalars  # stock Molt GRPO: no trust region of ours
 
 
@@ -119,15 +250,51 @@ def test_multi_turn_batches_count_trajectories(rehearsals, name):
         assert max(value for _, value in scalars[metrics.TURNS]) > 1  # several turns per trajectory
 
 
-def test_resume_continues_from_molts_checkpoint(rehearsals, tmp_path_factory):
-    first, _ = rehearsals("tool")
+def test_resume_on_other_nodes_with_another_head_continues_from_molts_checkpoint(rehearsals, slurm):
+    first, _ = rehearsals("math")
     before = summary_of(first)
-    rehearse(first.parents[1], first.parent / "second", *REHEARSALS["tool"], "rehearsal.resume=true")
+    first_job = next((first / CLUSTER_SUBDIR).iterdir()).name
+    # The first run's head was n1; without n1 the allocation is n2 (its worker before, now the head) and n3.
+    output = sbatch_rehearsal(slurm, first.parents[1], 2, REHEARSALS["math"][0], first, extra_sbatch=("--exclude=n1",))
     after = summary_of(first)  # the resumed rehearsal continues in the first one's run directory
     assert after["resumed_from_step"] == before["steps"] == 4 and after["steps"] == 4
+    assert "(resumed at step 4)" in output
     consumed = [value for _, value in read_scalars(first / "tensorboard")[metrics.ROLLOUTS_CONSUMED]]
     assert consumed[-1] == 8 * TRAJECTORIES_PER_STEP
-    assert not (first.parent / "second").exists()
+    second_job = next(d for d in (first / CLUSTER_SUBDIR).iterdir() if d.name != first_job)
+    assert json.loads((second_job / "head.json").read_text())["node"] == "n2"
+    assert set(after["actors_by_node"]) == {"n2", "n3"}
+    assert {p.name for p in second_job.iterdir() if p.is_dir()} == {"n2", "n3"}
+
+
+def test_a_job_that_fails_on_purpose_exits_with_the_runs_status_and_leaves_nothing(slurm, tmp_path):
+    failing = tmp_path / "failing_agent.py"
+    failing.write_text('raise RuntimeError("this agent fails on purpose")\n')
+    run_dir = tmp_path / "run"
+    job_id = sbatch(slurm, tmp_path, 2, ["math_qwen2p5_1p5b", "rehearsal=cpu", f"agent.path={failing}"], run_dir)
+    state = wait_for(job_id, slurm)
+    output = (tmp_path / f"slurm-{job_id}.out").read_text()
+    assert state["JobState"] == "FAILED" and state["ExitCode"] == "1:0", output[-4000:]
+    assert "this agent fails on purpose" in (run_dir / "molt.log").read_text()
+    assert no_process_left_within(job_id, 30) == []
+    check_node_logs(run_dir, 2)
+
+
+def test_scancel_in_the_middle_of_a_step_leaves_no_process_on_any_node(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    job_id = sbatch(slurm, tmp_path, 2, ["math_qwen2p5_1p5b", "rehearsal=cpu", "rehearsal.steps=20"], run_dir)
+    deadline = time.monotonic() + REHEARSAL_TIMEOUT_S
+    log = run_dir / "molt.log"
+    while "Train epoch" not in (log.read_text(errors="replace") if log.is_file() else ""):  # a step is under way
+        assert time.monotonic() < deadline and job_state(job_id, slurm).get("JobState") in ("PENDING", "RUNNING")
+        time.sleep(1)
+    subprocess.run(["scancel", job_id], env=slurm, check=True)
+    cancelled = time.monotonic()
+    state = wait_for(job_id, slurm, timeout_s=120)
+    assert state["JobState"] == "CANCELLED"
+    assert no_process_left_within(job_id, 30 - (time.monotonic() - cancelled)) == []
+    check_node_logs(run_dir, 2)
+    assert "Train epoch" in log.read_text(errors="replace")  # the partial run keeps its log
 
 
 def test_report_reads_a_rehearsal(rehearsals, capsys):
