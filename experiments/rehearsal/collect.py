@@ -4,8 +4,9 @@
 
 Each RUN_DIR is a `rehearsal=cpu` run directory (it holds rehearsal/summary.json). The table
 gives what docs/rehearsal.md and the README quote: steps, lag, acceptance, reward, vllm_kl at
-step 1, weight checks (landed / refits; a resumed run also refits once at its start) and wall
-time per phase, with the machine it was measured on.
+step 1, weight checks (landed / refits; a resumed run also refits once at its start), the Ray
+nodes that hosted the run's actors with what each hosted, and wall time per phase, with the
+machine it was measured on.
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ def main(run_dirs: list[str], note: str = "") -> None:
         summary = json.loads((Path(run_dir) / "rehearsal" / "summary.json").read_text())
         rows.append({key: summary[key] for key in (
             "experiment", "algo", "steps", "resumed_from_step", "policy_lag_mean", "policy_lag_max",
-            "versions_mixed_fraction", "acceptance_rate", "reward_mean", "vllm_kl_first_step", "phases_s")}
+            "versions_mixed_fraction", "acceptance_rate", "reward_mean", "vllm_kl_first_step", "ray_nodes",
+            "actors_by_node", "phases_s")}
             | {"weight_checks_landed": sum("landed on every" in line for line in summary["weight_checks"]),
                "weight_checks": len(summary["weight_checks"]),
                "wall_s": round(sum(summary["phases_s"].values()), 1)})
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     (HERE / "results.json").write_text(json.dumps({"machine": machine, "note": note, "rehearsals": rows}, indent=1) + "\n")
+
+    def split(row):
+        def hosting(actor):
+            return ", ".join(node for node, actors in row["actors_by_node"].items() if actor in actors)
+
+        return f"{row['ray_nodes']}: {hosting('PolicyModelActor')} / {hosting('CpuRolloutEngine')}"
 
     def fmt(value):
         return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
@@ -38,15 +46,15 @@ def main(run_dirs: list[str], note: str = "") -> None:
     lines = [f"Measured on {machine}{f', {note}' if note else ''} (`python experiments/rehearsal/collect.py` "
              "over the run directories).", "",
              "| experiment | algo | steps | lag mean / max | spanning a refit | acceptance | reward | vllm_kl step 1 "
-             "| refits checked | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| refits checked | Ray nodes: policy actor / engine nodes | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         steps = f"{row['steps']}" + (f" (resumed at {row['resumed_from_step']})" if row["resumed_from_step"] else "")
         lines.append(
             f"| {row['experiment']} | {row['algo']} | {steps} | {fmt(row['policy_lag_mean'])} / {fmt(row['policy_lag_max'])} "
             f"| {fmt(row['versions_mixed_fraction'])} "
             f"| {fmt(row['acceptance_rate'])} | {fmt(row['reward_mean'])} | {fmt(row['vllm_kl_first_step'])} "
-            f"| {row['weight_checks_landed']}/{row['weight_checks']} | {row['wall_s']} |"
+            f"| {row['weight_checks_landed']}/{row['weight_checks']} | {split(row)} | {row['wall_s']} |"
         )
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
 

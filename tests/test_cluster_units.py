@@ -1,0 +1,66 @@
+"""The cluster package's pieces on their own: the subreaper finds orphans, the actor map names
+nodes by their SLURM name (or hostname), and the cluster settings are validated in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from molt_flashreinforce.cluster.actor_map import group_actors, node_names
+from molt_flashreinforce.cluster.ray_nodes import NODE_RESOURCE
+from molt_flashreinforce.launch.errors import LaunchError
+from molt_flashreinforce.launch.validate import validate
+
+
+def test_an_orphaned_grandchild_is_found_and_stopped_by_the_subreaper():
+    # A child starts a grandchild that ignores SIGTERM, then exits: the grandchild is re-parented to the
+    # subreaper (not to init, where nothing would find it) and stop_descendants kills it.
+    script = textwrap.dedent("""
+        import os, subprocess, sys, time
+        import psutil
+        from molt_flashreinforce.cluster import processes
+        processes.become_subreaper()
+        middle = subprocess.Popen([sys.executable, "-c",
+            "import signal, subprocess, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "p = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)']); "
+            "print(p.pid, flush=True)"], stdout=subprocess.PIPE, text=True)
+        orphan = int(middle.stdout.readline())
+        middle.wait()
+        time.sleep(0.5)
+        assert psutil.Process(orphan).ppid() == os.getpid(), "not re-parented to the subreaper"
+        killed = processes.stop_descendants(grace_s=1)
+        assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+        print("killed", killed)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "killed ['python" in done.stdout  # it ignored SIGTERM, so it needed SIGKILL
+
+
+def test_actors_are_grouped_by_the_slurm_name_of_their_node():
+    nodes = [{"NodeID": "a1", "NodeManagerHostname": "host", "Resources": {"CPU": 8.0, f"{NODE_RESOURCE}n2": 1.0}},
+             {"NodeID": "b2", "NodeManagerHostname": "gpu07", "Resources": {"CPU": 8.0}}]
+    names = node_names(nodes)
+    assert names == {"a1": "n2", "b2": "gpu07"}  # a Ray that Molt started itself: the hostname
+    actors = [{"ActorClassName": "PolicyModelActor", "Address": {"NodeID": "a1"}},
+              {"ActorClassName": "PolicyModelActor", "Address": {"NodeID": "a1"}},
+              {"ActorClassName": "RolloutRayActor", "Address": {"NodeID": "b2"}}]
+    assert group_actors(actors, names) == {"gpu07": {"RolloutRayActor": 1}, "n2": {"PolicyModelActor": 2}}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("cluster.ray_port=0", "cluster.ray_port=0 must be an integer >= 1"),
+    ("cluster.ray_port=70000", "cluster.ray_port=70000 is not a TCP port"),
+    ("cluster.join_timeout_s=-5", "cluster.join_timeout_s=-5 must be a positive number of seconds"),
+    ("cluster.join_timeout_s=soon", "cluster.join_timeout_s=soon is not a number"),
+])
+def test_bad_cluster_settings_are_refused_in_one_line(override, message):
+    with initialize_config_module(config_module="molt_flashreinforce.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["experiment=math_qwen2p5_1p5b", override])
+    with pytest.raises(LaunchError, match=message.replace(".", r"\.")) as refused:
+        validate(cfg)
+    assert "\n" not in str(refused.value)
