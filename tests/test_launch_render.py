@@ -249,3 +249,23 @@ def test_malformed_datasets_are_errors_even_in_a_dry_run(tmp_path, rows, message
     with pytest.raises(LaunchError, match=None) as error:
         prepare(tmp_path / "run", "experiment=math_qwen2p5_1p5b", f"data.dir={tmp_path / 'data'}")
     assert "data.train=" in str(error.value) and message in str(error.value)
+
+
+def test_a_dataset_path_with_a_comma_is_refused_before_molt_splits_it_in_two(tmp_path):
+    # Molt reads --data.prompt_dataset as a comma-separated list: a sweep job directory such as
+    # `0_algo=grpo,algo.delta=...` holding a rehearsal's data would become two datasets that do not exist.
+    data = tmp_path / "0_a=1,b=2" / "data"
+    _write_jsonl(data / "math_qwen2p5_1p5b" / "train.jsonl", [{"prompt": "x", "reward_model": {}}])
+    with pytest.raises(LaunchError) as error:
+        prepare(tmp_path / "run", "experiment=math_qwen2p5_1p5b", f"data.dir='{data}'")
+    assert str(error.value).startswith(f"data.train={data / 'math_qwen2p5_1p5b' / 'train.jsonl'} holds a comma")
+    assert "hydra.sweep.subdir=${hydra.job.num}" in str(error.value)
+
+
+def test_modes_and_cluster_settings_stay_out_of_sweep_job_names():
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="molt_flashreinforce.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["experiment=math_qwen2p5_1p5b"], return_hydra_config=True)
+    excluded = set(cfg.hydra.job.config.override_dirname.exclude_keys)
+    assert {"rehearsal", "cluster.ray_port", "cluster.join_timeout_s", "dry_run"} <= excluded

@@ -174,6 +174,11 @@ def _dataset_problem(
 ) -> str | None:
     if path is None:
         return None
+    if "," in path:
+        raise LaunchError(
+            f"{key}={path} holds a comma, and Molt reads --data.prompt_dataset / --eval.dataset as a comma-separated "
+            "list of datasets; move the data to a path without one (a sweep's job directories join two or more "
+            "overrides with commas: set hydra.sweep.subdir=${hydra.job.num} for such a sweep)")
     file = Path(path)
     if not file.exists():
         return (
