@@ -13,6 +13,9 @@ as a GPU launch (checks, rendering, Molt's parser and validation, run records) a
 The experiment's agent file, reward and async queue structure are kept; in-flight rollouts
 scale with the batch, so the queue's lag structure survives the shrink.
 
+`rehearsal=gpu` runs the same job on the GPUs of one node with no stand-in: what differs is in
+`rehearsal.gpu` (the node check, the one-node placement, the real launch).
+
 Resuming: rerunning in a run directory that holds a Molt checkpoint continues from it (the
 launcher adds `--ckpt.load_enable`); `rehearsal.resume=true` continues the newest rehearsal of
 the same experiment and algo. Either way `rehearsal.steps` more steps are trained.
@@ -75,7 +78,7 @@ class Summary:
             f"  acceptance rate {fmt(self.acceptance_rate)}; reward mean {fmt(self.reward_mean)}; "
             f"vllm_kl at the first step {fmt(self.vllm_kl_first_step)}; weight check landed {landed}/{len(self.weight_checks)}",
             "  ran for real: " + ", ".join(self.real),
-            "  stand-ins: " + "; ".join(f"{name} ({what})" for name, what in self.standins.items()),
+            "  stand-ins: " + ("; ".join(f"{name} ({what})" for name, what in self.standins.items()) or "none"),
             "  wall time: " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.phases_s.items()),
         ]
         return out
@@ -160,6 +163,7 @@ def _mean(values: list[float]) -> float | None:
 def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phases: dict[str, float]) -> Summary:
     """The rehearsal's summary from its TensorBoard scalars (steps after `resumed_from`) and the
     part of Molt's output (`log`) this rehearsal wrote."""
+    from molt_flashreinforce.rehearsal import gpu
     from molt_flashreinforce.rehearsal.standins import STANDINS
     from molt_flashreinforce.report.events import read_scalars
 
@@ -182,8 +186,8 @@ def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phase
         vllm_kl_first_step=kl[0] if kl else None,
         weight_checks=[match.group(1).strip() for match in _WEIGHT_CHECK.finditer(log)],
         resumed_from_step=resumed_from,
-        standins=dict(STANDINS),
-        real=list(REAL_PARTS),
+        standins={} if cfg.rehearsal.mode == "gpu" else dict(STANDINS),
+        real=list(REAL_PARTS) + (gpu.REAL_PARTS if cfg.rehearsal.mode == "gpu" else []),
         phases_s=phases,
     )
 
@@ -210,12 +214,23 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _prepare_standin_launch(rehearsed: DictConfig, job) -> str:
+    """rehearsal=cpu: the stand-ins' environment (logical GPUs, the vLLM stand-in); the driver module."""
+    gpus = int(rehearsed.placement.actor.gpus_per_node) + int(rehearsed.placement.vllm.engines)
+    job.command.env.update(_child_env({LOGICAL_GPUS_VARIABLE: str(gpus)}))
+    return DRIVER_MODULE
+
+
 def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
     """Rehearse the job (None under dry_run=true, which stops after validation)."""
     from molt_flashreinforce.launch.job import LOG_NAME, latest_checkpoint, prepare_molt_job, run_molt_job
+    from molt_flashreinforce.rehearsal import gpu
     from molt_flashreinforce.rehearsal.data import prepare_rehearsal_data
     from molt_flashreinforce.rehearsal.tiny_model import build_tiny_model
 
+    on_gpus = cfg.rehearsal.mode == "gpu"
+    if on_gpus and not cfg.dry_run:
+        gpu.check_node(cfg)  # before any work: no CUDA, too few GPUs or no vLLM is one line
     if cfg.rehearsal.resume:
         previous = _latest_rehearsal_dir(run_dir)
         if previous is None:
@@ -240,7 +255,8 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
     started = time.monotonic()
     rehearsed = cfg.copy()  # with the tiny model's own context: the same checks as the real model's
     OmegaConf.set_struct(rehearsed, False)
-    for key, value in rehearsal_overrides(cfg, model_dir, data_dir, total).items():
+    overrides = rehearsal_overrides(cfg, model_dir, data_dir, total)
+    for key, value in (gpu.node_overrides(cfg, overrides) if on_gpus else overrides).items():
         _set(rehearsed, key, value)
     copy = model_context.extended_copy_path(rehearsed)
     if copy is not None and not copy.is_dir():  # the step a GPU user runs once (docs/launch.md)
@@ -254,13 +270,12 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path) -> Summary | None:
     if cfg.dry_run:
         print("dry_run=true: the rehearsal's model, data and Molt command are ready; not starting Ray.")
         return None
-    gpus = int(rehearsed.placement.actor.gpus_per_node) + int(rehearsed.placement.vllm.engines)
-    job.command.env.update(_child_env({LOGICAL_GPUS_VARIABLE: str(gpus)}))
+    module = gpu.prepare_launch(job) if on_gpus else _prepare_standin_launch(rehearsed, job)
     print(f"rehearsal: Molt command in {run_dir / 'launch' / 'molt_command.sh'}; log {run_dir / 'molt.log'}", flush=True)
     log_path = run_dir / LOG_NAME
     log_start = log_path.stat().st_size if log_path.is_file() else 0  # a resumed run appends to it
     started = time.monotonic()
-    run_molt_job(job, module=DRIVER_MODULE)
+    run_molt_job(job, module=module)
     phases["Molt (Ray start-up, actors, training, checkpoint)"] = time.monotonic() - started
     steps_file.write_text(json.dumps({"steps": total}))
 
