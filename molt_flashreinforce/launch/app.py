@@ -72,7 +72,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     from molt_flashreinforce.launch.validate import validate
 
     validate(cfg)
-    if cfg.rehearsal.mode == "cpu":
+    if cfg.rehearsal.mode is not None:  # cpu or gpu (validated above)
         from molt_flashreinforce.rehearsal.run import run_rehearsal
 
         summary = run_rehearsal(cfg, run_dir, allocation_of(cfg))

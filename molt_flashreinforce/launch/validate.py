@@ -37,6 +37,7 @@ GATE_LEVELS = ("sequence", "token")
 GATE_MEANS = ("arithmetic", "geometric")
 FLASHREINFORCE_REDUCTIONS = ("sample_mean", "token_mean", "constant_length")
 GRPO_REDUCTIONS = ("token_mean",)
+REHEARSAL_MODES = ("cpu", "gpu")  # rehearsal/cpu.yaml, rehearsal/gpu.yaml
 CONFIG_MODULE = "molt_flashreinforce.conf"
 CONFIG_NAME = "config"
 
@@ -237,11 +238,12 @@ def _check_rehearsal(cfg: DictConfig) -> None:
     rehearsal = cfg.rehearsal
     if rehearsal.mode is None:
         return
-    if rehearsal.mode != "cpu":
-        raise LaunchError(f"rehearsal.mode={rehearsal.mode} is unknown; use rehearsal=cpu, or leave it unset for a GPU launch")
+    if rehearsal.mode not in REHEARSAL_MODES:
+        raise LaunchError(f"rehearsal.mode={rehearsal.mode} is unknown; use rehearsal=cpu or rehearsal=gpu, or leave "
+                          "it unset for a GPU launch")
     if cfg.backend != "molt":
-        raise LaunchError(f"rehearsal=cpu rehearses a Molt (GPU) job, but backend={cfg.backend}; "
-                          "experiment=tiny already runs on the CPU: drop rehearsal=cpu")
+        raise LaunchError(f"rehearsal={rehearsal.mode} rehearses a Molt (GPU) job, but backend={cfg.backend}; "
+                          f"experiment=tiny already runs on the CPU: drop rehearsal={rehearsal.mode}")
     _boolean("rehearsal.resume", rehearsal.resume)
     for key, fix in (("steps", "e.g. rehearsal.steps=4"), ("trajectories_per_step", "e.g. rehearsal.trajectories_per_step=8"),
                      ("max_new_tokens", "e.g. rehearsal.max_new_tokens=24"), ("max_turns", "e.g. rehearsal.max_turns=3")):

@@ -19,6 +19,9 @@ others join its Ray cluster, and `layout` spreads the placement over the nodes a
 launch would, with one logical GPU per node: the actor's ranks on `placement.actor.nodes`
 nodes (expert parallelism across them for an MoE), an engine on each of the others.
 
+`rehearsal=gpu` runs the same job on the GPUs of one node with no stand-in: what differs is in
+`rehearsal.gpu` (the node check, the one-node placement, the real launch).
+
 Resuming: rerunning in a run directory that holds a Molt checkpoint continues from it (the
 launcher adds `--ckpt.load_enable`); `rehearsal.resume=true` continues the newest rehearsal of
 the same experiment and algo. Either way `rehearsal.steps` more steps are trained.
@@ -95,7 +98,7 @@ class Summary:
                 f"{node}: " + ", ".join(f"{name} x{count}" for name, count in actors.items())
                 for node, actors in self.actors_by_node.items()),
             "  ran for real: " + ", ".join(self.real),
-            "  stand-ins: " + "; ".join(f"{name} ({what})" for name, what in self.standins.items()),
+            "  stand-ins: " + ("; ".join(f"{name} ({what})" for name, what in self.standins.items()) or "none"),
             "  wall time: " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.phases_s.items()),
         ]
         return out
@@ -218,6 +221,7 @@ def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phase
     part of Molt's output (`log`) this rehearsal wrote."""
     from molt_flashreinforce.cluster import actor_map
     from molt_flashreinforce.launch.job import ACTOR_MAP_NAME
+    from molt_flashreinforce.rehearsal import gpu
     from molt_flashreinforce.rehearsal.standins import STANDINS
     from molt_flashreinforce.report.events import read_scalars
 
@@ -241,8 +245,8 @@ def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phase
         vllm_kl_first_step=kl[0] if kl else None,
         weight_checks=[match.group(1).strip() for match in _WEIGHT_CHECK.finditer(log)],
         resumed_from_step=resumed_from,
-        standins=dict(STANDINS),
-        real=list(REAL_PARTS),
+        standins={} if cfg.rehearsal.mode == "gpu" else dict(STANDINS),
+        real=list(REAL_PARTS) + (gpu.REAL_PARTS if cfg.rehearsal.mode == "gpu" else []),
         ray_nodes=len(placed) if placed else None,
         actors_by_node=placed or {},
         phases_s=phases,
@@ -271,14 +275,27 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _prepare_standin_launch(job, spread: Layout) -> str:
+    """rehearsal=cpu: the stand-ins' environment (logical GPUs, the vLLM stand-in); the driver module."""
+    job.command.env.update(_child_env({LOGICAL_GPUS_VARIABLE: str(spread.gpus_per_node)}))
+    return DRIVER_MODULE
+
+
 def run_rehearsal(cfg: DictConfig, run_dir: Path, allocation: Allocation | None = None) -> Summary | None:
     """Rehearse the job (None under dry_run=true, which stops after validation, and on the nodes of a
     multi-node allocation that join the first node's cluster)."""
     from molt_flashreinforce.cluster import ray_nodes
     from molt_flashreinforce.launch.job import LOG_NAME, latest_checkpoint, prepare_molt_job, run_molt_job
+    from molt_flashreinforce.rehearsal import gpu
     from molt_flashreinforce.rehearsal.data import prepare_rehearsal_data
     from molt_flashreinforce.rehearsal.tiny_model import build_tiny_model
 
+    on_gpus = cfg.rehearsal.mode == "gpu"
+    if on_gpus and allocation is not None:
+        raise LaunchError(f"rehearsal=gpu runs on the GPUs of one node, but this allocation has {len(allocation.nodes)}; "
+                          "submit it with --nodes=1 (hydra.launcher.nodes=1), or rehearse the nodes with rehearsal=cpu")
+    if on_gpus and not cfg.dry_run:
+        gpu.check_node(cfg)  # before any work: no CUDA, too few GPUs or no vLLM is one line
     if cfg.rehearsal.resume:
         previous = _latest_rehearsal_dir(run_dir)
         if previous is None:
@@ -308,7 +325,8 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path, allocation: Allocation | None 
     started = time.monotonic()
     rehearsed = cfg.copy()  # with the tiny model's own context: the same checks as the real model's
     OmegaConf.set_struct(rehearsed, False)
-    for key, value in rehearsal_overrides(cfg, model_dir, data_dir, total, spread).items():
+    overrides = rehearsal_overrides(cfg, model_dir, data_dir, total, spread)
+    for key, value in (gpu.node_overrides(cfg, overrides) if on_gpus else overrides).items():
         _set(rehearsed, key, value)
     copy = model_context.extended_copy_path(rehearsed)
     if copy is not None and not copy.is_dir():  # the step a GPU user runs once (docs/launch.md)
@@ -322,13 +340,13 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path, allocation: Allocation | None 
     if cfg.dry_run:
         print("dry_run=true: the rehearsal's model, data and Molt command are ready; not starting Ray.")
         return None
-    job.command.env.update(_child_env({LOGICAL_GPUS_VARIABLE: str(spread.gpus_per_node)}))
+    module = gpu.prepare_launch(job) if on_gpus else _prepare_standin_launch(job, spread)
     print(f"rehearsal: Molt command in {run_dir / 'launch' / 'molt_command.sh'}; log {run_dir / 'molt.log'}", flush=True)
     log_path = run_dir / LOG_NAME
     log_start = log_path.stat().st_size if log_path.is_file() else 0  # a resumed run appends to it
     started = time.monotonic()
     ray_nodes.run(allocation, settings, REHEARSAL_NODE, run_dir,
-                  lambda cluster_env: run_molt_job(job, extra_env=cluster_env, module=DRIVER_MODULE))
+                  lambda cluster_env: run_molt_job(job, extra_env=cluster_env, module=module))
     phases["Molt (Ray start-up, actors, training, checkpoint)"] = time.monotonic() - started
     steps_file.write_text(json.dumps({"steps": total}))
 
