@@ -107,6 +107,12 @@ def _auth_env(where: Path) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(where / TOKEN_NAME)}
 
 
+def _node_env(where: Path) -> dict[str, str]:
+    # Ray 2.59 drains a node for up to 30 s on SIGTERM (for Serve replicas); a Molt run that ended
+    # or was cancelled has nothing to drain, and 30 s is SLURM's whole KillWait before SIGKILL.
+    return {**_auth_env(where), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+
+
 def _write_token(where: Path) -> None:
     token = where / TOKEN_NAME
     token.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +168,7 @@ def _start(argv: list[str], where: Path, node: str) -> subprocess.Popen:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **_auth_env(where)})
+                                env={**os.environ, **_node_env(where)})
 
 
 def _stop(node: subprocess.Popen) -> None:
