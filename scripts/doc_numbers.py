@@ -35,7 +35,6 @@ SOURCES = {
     "step16k": "experiments/bench_training_step_16384.json",  # the same at 16,384 tokens
     "step16kt": "experiments/bench_training_step_16384_time.json",  # the same, step time at 16,384 tokens
     "rehearsal": "experiments/rehearsal/results.json",  # experiments/rehearsal/collect.py
-    "grading": "experiments/benchmarks/grading.json",  # benchmarks/bench_grading.py --out
 }
 MARKER = re.compile(r"<!-- (num|code|include):(\S+?) -->(.*?)<!-- /\1 -->", re.DOTALL)
 

@@ -106,7 +106,6 @@ class GraderPool:
         self.processes = processes
         self.memory_bytes = memory_bytes
         self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload([_SERVE_MODULE])
         self._pending: list[_Request] = []
         self._order = itertools.count()
         self._lock = threading.Condition()
@@ -152,6 +151,9 @@ class GraderPool:
             return heapq.heappop(self._pending)
 
     def _start_grader(self) -> _Grader:
+        # Only takes effect before the forkserver's first start; set here, not at import, so that
+        # importing this package leaves a program's own forkserver alone.
+        self._context.set_forkserver_preload([_SERVE_MODULE])
         grader = _Grader(self._context, self.memory_bytes)
         with self._lock:
             self._graders.add(grader)
