@@ -41,6 +41,11 @@ ROLLOUTS_CONSUMED = "train/rollouts_consumed"  # cumulative trajectories trained
 POLICY_VERSIONS_MIXED = "train/policy_versions_mixed_fraction"  # trajectories spanning a refit
 TOOL_CALLS = "train/tool_calls"  # numeric agent `Result.info` key `tool_calls`
 TURNS = "train/turns"
+# Numeric math `Result.info` keys (agents/grading.py, Grade.info): 0/1 per graded rollout, so
+# Molt's per-step mean is the fraction of the step's rollouts (count = mean x num_samples).
+GRADER_TIMEOUTS = "train/grader_timeouts"  # overran the grading bound, queueing included
+GRADER_REJECTED = "train/grader_rejected"  # refused by a static screen, never parsed
+GRADER_RESTARTS = "train/grader_restarts"  # its grader process died and was replaced
 # Cumulative token counts, written by the local backend; Molt logs none, so the report derives
 # them for Molt runs from the per-step means above (report/cost.py).
 GENERATED_TOKENS = "train/generated_tokens"  # response tokens sampled by the policy

@@ -48,7 +48,9 @@ def test_correct_answer_gets_reward_one_and_only_the_response_is_trained(runner,
     response = "1/2 = 2/4, so the sum is 3/4.\n\\boxed{\\dfrac{3}{4}}<|im_end|>"
     trajectory, policy = harness.run_episode(runner, tokenizer, [response], {"ground_truth": "0.75"}, PROMPT)
     assert trajectory.reward == 1.0 and trajectory.scores == 1.0
-    assert trajectory.extra_logs == {"missing_answer": 0, "grader_timeout": 0, "turns": 1}
+    assert trajectory.extra_logs == {
+        "missing_answer": 0, "grader_timeouts": 0, "grader_rejected": 0, "grader_restarts": 0, "turns": 1
+    }
     assert not trajectory.truncated
     trained, masked, mask = harness.split_by_mask(trajectory, tokenizer)
     assert trained == response and masked == PROMPT
@@ -121,6 +123,7 @@ def test_grader_overrun_is_killed_and_graded_wrong_then_the_grader_recovers():
     # Symbolic expansion takes far longer than a millisecond: the grader process is killed.
     slow = grade("\\boxed{(x+1)^{12}}", "x^{12}+12x^{11}+66x^{10}+220x^9+495x^8+792x^7+924x^6+792x^5+495x^4+220x^3+66x^2+12x+1", timeout_s=0.001)
     assert slow.timed_out and not slow.correct
+    assert slow.info()["grader_timeouts"] == 1
     assert grade("\\boxed{\\frac{1}{2}}", "0.5").correct
 
 

@@ -69,7 +69,9 @@ def test_tool_calls_then_answer_masks_observations_and_counts_calls(runner, toke
         "turns": 3,
         "turn_limit_reached": 0,
         "missing_answer": 0,
-        "grader_timeout": 0,
+        "grader_timeouts": 0,
+        "grader_rejected": 0,
+        "grader_restarts": 0,
     }
     observations = [
         next_user_turn(actions[0], tool_response("42\n")),

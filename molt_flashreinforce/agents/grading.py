@@ -1,14 +1,27 @@
-"""0/1 grading of a model's final ``\\boxed{}`` answer against a ground truth, with a wall-clock bound.
+"""0/1 grading of a model's final ``\\boxed{}`` answer against a ground truth, bounded in time.
 
-Contract: ``grade(response, ground_truth, timeout_s) -> Grade``. The answer is the content of
-the **last** ``\\boxed{...}`` (or ``\\fbox{...}``) in ``response``; none means incorrect with
-``missing_answer``. Equivalence is decided by ``math-verify`` (symbolic and numeric, e.g.
-``\\frac{1}{2}`` = ``0.5``, ``2\\sqrt{2}`` = ``\\sqrt{8}``) with its own signal-based timeouts
-turned off, since ``signal.alarm`` only works on the main thread and Molt grades inside Ray
-actors' event loops. Instead each comparison runs in a long-lived grader process that is
-killed and replaced when it overruns ``timeout_s``; an overrun grades as incorrect with
-``timed_out``. ``grade`` blocks; ``await grade_async(...)`` runs it on this module's own
-thread pool, so waiting graders never crowd out the event loop's default executor.
+Contract: ``grade(response, ground_truth, timeout_s) -> Grade`` returns within ``timeout_s``
+plus ``SLACK_S``, queueing included, however many grades are in flight; ``await
+grade_async(...)`` is the same without blocking the event loop. The answer is the content of
+the **last** ``\\boxed{...}`` (or ``\\fbox{...}``) of ``response``; none means incorrect with
+``missing_answer``. Then, in order:
+
+1. an answer equal to the ground truth up to spacing, ``\\left``/``\\right``, ``\\text{}``
+   wrappers and case is correct (no parser runs);
+2. an answer that fails one of ``answer_screens``' static screens (length, nesting, exponent
+   towers, factorials of factorials, matrix size) is incorrect at once, ``rejected`` naming
+   the screen;
+3. otherwise ``strict_equivalence.equivalent`` decides in a grader process of this module's
+   ``GraderPool``: math-verify's equivalences, but only for an answer its parser read whole.
+   The comparison may use half of ``timeout_s`` (so a grader busy with an overrunning answer
+   is free again while a waiting answer still has time); an answer that overruns, or that is
+   still waiting at ``timeout_s``, is incorrect with ``timed_out``; one whose grader died is
+   incorrect with ``grader_died``. Graders are replaced.
+
+Settings (environment, read once at import): ``MATH_GRADER_TIMEOUT`` (seconds, default 5),
+``MATH_GRADER_PROCESSES`` (default: the CPUs this process may use), ``MATH_GRADER_MEM_BYTES``
+(address space of each grader, default 1 GiB). ``Grade.info()`` gives the numeric keys the
+agents put in Molt's ``Result.info`` (Molt logs their per-step means).
 """
 
 from __future__ import annotations
@@ -16,19 +29,35 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import functools
-import json
 import os
-import queue
 import re
-import select
-import subprocess
-import sys
-import threading
+import time
 from dataclasses import dataclass
 
+from molt_flashreinforce.agents.answer_screens import screen
+from molt_flashreinforce.agents.grader_pool import GraderPool, Verdict, node_cpus
+
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
-GRADER_TIMEOUT_S = float(os.environ.get("MATH_GRADER_TIMEOUT", "5"))
+# A grade returns at most this long after its timeout: the time to notice the deadline and
+# hand the verdict over; killing an overrunning grader happens after the caller has its answer.
+SLACK_S = 0.25
+COMPUTE_SHARE = 0.5
+
+
+def _setting(name: str, default: str, parse, fix: str):
+    raw = os.environ.get(name, default)
+    try:
+        value = parse(raw)
+    except ValueError:
+        value = None
+    if value is None or value <= 0:
+        raise ValueError(f"{name}={raw!r} is not usable: {fix}.")
+    return value
+
+
+GRADER_TIMEOUT_S = _setting("MATH_GRADER_TIMEOUT", "5", float, "give the grading bound in seconds, e.g. 5")
+_PROCESSES = _setting("MATH_GRADER_PROCESSES", str(node_cpus()), int, "give a whole number of grader processes, e.g. 4")
+_MEMORY_BYTES = _setting("MATH_GRADER_MEM_BYTES", str(1 << 30), int, "give bytes per grader, e.g. 1073741824")
 
 
 @dataclass(frozen=True)
@@ -36,10 +65,20 @@ class Grade:
     correct: bool
     answer: str | None  # the extracted final answer, None when there was none
     timed_out: bool = False
+    rejected: str | None = None  # the static screen that refused the answer
+    grader_died: bool = False
 
     @property
     def missing_answer(self) -> bool:
         return self.answer is None
+
+    def info(self) -> dict[str, int]:
+        return {
+            "missing_answer": int(self.missing_answer),
+            "grader_timeouts": int(self.timed_out),
+            "grader_rejected": int(self.rejected is not None),
+            "grader_restarts": int(self.grader_died),
+        }
 
 
 def last_boxed(text: str) -> str | None:
@@ -63,6 +102,10 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+POOL = GraderPool(_PROCESSES, _MEMORY_BYTES)
+atexit.register(POOL.close)
+
+
 def _normalize(answer: str) -> str:
     answer = re.sub(r"\\(?:text|mathrm|textbf)\{([^{}]*)\}", r"\1", answer)
     answer = answer.replace("\\!", "").replace("\\,", "").replace("\\left", "").replace("\\right", "")
@@ -70,124 +113,60 @@ def _normalize(answer: str) -> str:
     return re.sub(r"\s+", "", answer).rstrip(".").lower()
 
 
-def equivalent(answer: str, ground_truth: str) -> bool:
-    """math-verify equivalence without its signal-based timeouts (call under a wall-clock bound)."""
+@dataclass(frozen=True)
+class _Pending:
+    answer: str
+    future: concurrent.futures.Future
+    deadline: float
+
+    def wait_s(self) -> float:
+        return max(0.0, self.deadline - time.monotonic()) + SLACK_S
+
+
+def _start(response: str, ground_truth: str, timeout_s: float) -> Grade | _Pending:
+    """A Grade decided without a parser, or the pool's pending comparison."""
+    answer = last_boxed(response)
+    if answer is None:
+        return Grade(correct=False, answer=None)
     if _normalize(answer) == _normalize(ground_truth):
-        return True
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
-    configs = [LatexExtractionConfig(), ExprExtractionConfig()]
-    gold = parse(f"${ground_truth}$", configs, parsing_timeout=None)
-    pred = parse(f"${answer}$", configs, parsing_timeout=None)
-    if not gold or not pred:
-        return False
-    return bool(verify(gold, pred, timeout_seconds=None))
+        return Grade(correct=True, answer=answer)
+    reason = screen(answer)
+    if reason is not None:
+        return Grade(correct=False, answer=answer, rejected=reason)
+    deadline = time.monotonic() + timeout_s
+    return _Pending(answer, POOL.submit(answer, ground_truth, deadline, COMPUTE_SHARE * timeout_s), deadline)
 
 
-def _serve():
-    """Grader process main loop: one JSON ``[answer, ground_truth]`` per stdin line, one
-    JSON verdict per stdout line."""
-    import math_verify  # noqa: F401 - paid once, before the first timed request
-
-    print(json.dumps("ready"), flush=True)
-    for line in sys.stdin:
-        answer, ground_truth = json.loads(line)
-        try:
-            verdict = equivalent(answer, ground_truth)
-        except Exception:  # noqa: BLE001 - an unparsable answer is simply not equivalent
-            verdict = False
-        print(json.dumps(verdict), flush=True)
-
-
-class _Grader:
-    """One grader process (``python -m molt_flashreinforce.agents.grading``) and its pipes."""
-
-    def __init__(self):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", __name__],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-        if self._read(startup_timeout_s := 120.0) != "ready":
-            self.close()
-            raise RuntimeError(
-                f"The math grader process did not start within {startup_timeout_s:.0f} s: "
-                "is math-verify installed (pip install 'molt-flashreinforce[agents]')?"
-            )
-
-    def _read(self, timeout_s: float):
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
-        if not ready:
-            return None
-        line = self.process.stdout.readline()
-        return json.loads(line) if line else None
-
-    def ask(self, answer: str, ground_truth: str, timeout_s: float) -> bool | None:
-        """The verdict, or None when the process overran ``timeout_s`` (it is then killed)."""
-        self.process.stdin.write(json.dumps([answer, ground_truth]) + "\n")
-        verdict = self._read(timeout_s)
-        if verdict is None:
-            self.close()
-        return verdict
-
-    def close(self):
-        self.process.kill()
-        self.process.wait()
-        self.process.stdin.close()
-        self.process.stdout.close()
-
-
-class _GraderPool:
-    """A few lazily started grader processes shared by every thread of this process."""
-
-    def __init__(self, size: int):
-        self.idle: queue.LifoQueue[_Grader] = queue.LifoQueue()
-        self.slots = threading.Semaphore(size)
-
-    def ask(self, answer: str, ground_truth: str, timeout_s: float) -> bool | None:
-        with self.slots:
-            try:
-                grader = self.idle.get_nowait()
-            except queue.Empty:
-                grader = _Grader()
-            verdict = grader.ask(answer, ground_truth, timeout_s)
-            if verdict is not None:
-                self.idle.put(grader)
-            return verdict
-
-    def close_idle(self) -> None:
-        while True:
-            try:
-                self.idle.get_nowait().close()
-            except queue.Empty:
-                return
-
-
-_GRADER_PROCESSES = int(os.environ.get("MATH_GRADER_PROCESSES", "2"))
-_POOL = _GraderPool(_GRADER_PROCESSES)
-# The graders would also exit on their own once this process's end of their stdin closes;
-# stopping them explicitly keeps the exit orderly.
-atexit.register(_POOL.close_idle)
-_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=4 * _GRADER_PROCESSES, thread_name_prefix="math-grade")
+def _finish(answer: str, verdict: Verdict | None) -> Grade:
+    return Grade(
+        correct=verdict is Verdict.CORRECT,
+        answer=answer,
+        timed_out=verdict in (None, Verdict.TIMED_OUT),
+        grader_died=verdict is Verdict.DIED,
+    )
 
 
 def grade(response: str, ground_truth: str, timeout_s: float = GRADER_TIMEOUT_S) -> Grade:
     """Grade the last boxed answer of ``response`` against ``ground_truth`` (blocking)."""
-    answer = last_boxed(response)
-    if answer is None:
-        return Grade(correct=False, answer=None)
-    if _normalize(answer) == _normalize(str(ground_truth)):
-        return Grade(correct=True, answer=answer)
-    verdict = _POOL.ask(answer, str(ground_truth), timeout_s)
-    return Grade(correct=bool(verdict), answer=answer, timed_out=verdict is None)
+    started = _start(response, str(ground_truth), timeout_s)
+    if isinstance(started, Grade):
+        return started
+    try:
+        verdict = started.future.result(timeout=started.wait_s())
+    except concurrent.futures.TimeoutError:
+        started.future.cancel()
+        verdict = None
+    return _finish(started.answer, verdict)
 
 
 async def grade_async(response: str, ground_truth: str, timeout_s: float = GRADER_TIMEOUT_S) -> Grade:
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_THREADS, functools.partial(grade, response, ground_truth, timeout_s))
-
-
-if __name__ == "__main__":
-    _serve()
+    """``grade`` for an event loop: the wait for the pool's verdict does not hold a thread."""
+    started = _start(response, str(ground_truth), timeout_s)
+    if isinstance(started, Grade):
+        return started
+    try:
+        verdict = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(started.future)), started.wait_s())
+    except asyncio.TimeoutError:
+        started.future.cancel()
+        verdict = None
+    return _finish(started.answer, verdict)

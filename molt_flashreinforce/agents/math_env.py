@@ -1,7 +1,8 @@
 """Single-turn math environment: 0/1 reward for the last ``\\boxed{}`` answer of the response.
 
-``Result.info`` (numeric, logged by Molt): ``missing_answer``, ``grader_timeout``, ``turns`` (1).
-Grading runs off the event loop (``grade_async``) under ``grading.grade``'s wall-clock bound.
+``Result.info`` (numeric, logged by Molt): ``missing_answer``, ``grader_timeouts``,
+``grader_rejected``, ``grader_restarts`` (``Grade.info``), ``turns`` (1). Grading runs off the
+event loop (``grade_async``) under ``grading.grade``'s wall-clock bound.
 """
 
 from __future__ import annotations
@@ -18,9 +19,5 @@ class MathEnv(Env):
         return Result(
             reward=1.0 if verdict.correct else 0.0,
             terminated=True,
-            info={
-                "missing_answer": int(verdict.missing_answer),
-                "grader_timeout": int(verdict.timed_out),
-                "turns": 1,
-            },
+            info={**verdict.info(), "turns": 1},
         )

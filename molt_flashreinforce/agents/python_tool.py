@@ -6,12 +6,14 @@ added tokens on the first episode, so tool output cannot smuggle any of them in.
 
 from molt.agents import StepEnvRunner
 
+from molt_flashreinforce.agents.grading import POOL
 from molt_flashreinforce.agents.python_tool_env import PythonToolEnv
 from molt_flashreinforce.agents.python_tool_protocol import tokenizer_markers
 
 
 class AgentRunner(StepEnvRunner):
     def __init__(self):
+        POOL.warm_up()  # before the first rollout comes back
         super().__init__(type("RunnerPythonToolEnv", (PythonToolEnv,), {}))
 
     async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, **kwargs):

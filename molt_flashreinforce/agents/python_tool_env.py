@@ -12,7 +12,8 @@ the sandbox itself never ends the episode: the model gets a tool error and may t
 
 ``Result.info`` on every step (Molt keeps the last): ``tool_calls`` (programs executed),
 ``invalid_tool_calls``, ``tool_timeouts``, ``sandbox_errors`` (calls the sandbox could not
-run), ``turns``, ``turn_limit_reached``, ``missing_answer``, ``grader_timeout``.
+run), ``turns``, ``turn_limit_reached``, and ``Grade.info``'s ``missing_answer``, ``grader_timeouts``,
+``grader_rejected``, ``grader_restarts`` (0 until the committing turn is graded).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import logging
 from molt.agents import Env, Result
 
 from molt_flashreinforce.agents.chatml import next_user_turn, open_first_turn
-from molt_flashreinforce.agents.grading import grade_async
+from molt_flashreinforce.agents.grading import Grade, grade_async
 from molt_flashreinforce.agents.labels import ground_truth
 from molt_flashreinforce.agents.python_tool_protocol import parse_tool_calls, tool_response
 from molt_flashreinforce.agents.sandbox import ExecutionResult, SandboxLimits, run_python_async
@@ -57,8 +58,7 @@ class PythonToolEnv(Env):
             "sandbox_errors": self.sandbox_errors,
             "turns": self.turns,
             "turn_limit_reached": 0,
-            "missing_answer": 0,
-            "grader_timeout": 0,
+            **Grade(correct=False, answer="").info(),
         }
         info.update(final)
         return info
@@ -75,7 +75,7 @@ class PythonToolEnv(Env):
             return Result(
                 reward=1.0 if verdict.correct else 0.0,
                 terminated=True,
-                info=self._info(missing_answer=int(verdict.missing_answer), grader_timeout=int(verdict.timed_out)),
+                info=self._info(**verdict.info()),
             )
         if self.turns >= self.max_turns:
             return Result(reward=0.0, terminated=False, truncated=True, info=self._info(turn_limit_reached=1))
