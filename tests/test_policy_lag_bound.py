@@ -62,7 +62,8 @@ class EchoRunner:
 @pytest.fixture(scope="module")
 def local_ray():
     pythonpath = os.pathsep.join(filter(None, [str(VLLM_STUB), os.environ.get("PYTHONPATH")]))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    # address="local": a cluster of its own even where another Ray cluster runs on the machine
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     lag_bound.install()
     yield
@@ -168,13 +169,14 @@ def test_stale_groups_are_dropped_counted_and_replaced(version_board):
     # After two batches the pool holds 5 rollouts from version 0 (6 dispatched, 2 refills, 4 collected).
     assert [gate.dispatch_versions[ref] for ref in generator._inflight_rollouts] == [0] * 5
 
+    ray.wait(generator._inflight_rollouts, num_returns=5)  # all finished: Molt's ray.wait may return any
     ray.get(version_board.went_live.remote(2))
     samples, rollout_metrics, _, _ = generator.generate_samples(n_samples_per_prompt=1)
     assert len({s.group_ids[0] for s in samples}) == 2  # the batch keeps its size
     assert [getattr(s, policy_lag.VERSION_ATTRIBUTE) for s in samples] == [2, 2]
+    # Oldest finished first: all 5 are collected (and dropped) before the fresh ones.
     dropped = rollout_metrics[lag_bound.DROPPED_KEY]
-    still_stale = sum(gate.dispatch_versions[ref] == 0 for ref in generator._inflight_rollouts)
-    assert dropped >= 1 and dropped + still_stale == 5
+    assert dropped == 5 and all(gate.dispatch_versions[ref] == 2 for ref in generator._inflight_rollouts)
     assert rollout_metrics[f"rollout/dropped/{lag_bound.DROP_REASON}"] == dropped  # Molt's own per-reason tag
     assert f"train/{lag_bound.DROPPED_KEY}" == metrics.POLICY_LAG_DROPPED
 

@@ -17,8 +17,13 @@ How, in Molt 0.2.1's async runtime (patched in every worker by `install()`, like
   batch (Molt trains the non-empty batches in order, one step each) and `carry` the batches a
   rollout dispatched now can still wait in the in-flight pool before it is collected:
   ceil(vllm_generate_batch_size / batch_size) under partial rollout, 0 without (the pool is then
-  drained every batch). Rollouts are collected first-finished-first, so one dispatched at or after
-  that version is collected within `carry` batches and trains at most N updates later.
+  drained every batch). Finished rollouts are collected oldest first (below), so one dispatched at
+  or after that version is collected within `carry` batches and trains at most N updates later,
+  unless it is still generating when its turn comes.
+* First dispatched, first collected: Molt collects whichever finished rollout `ray.wait` returns,
+  which among several finished ones is not the oldest, so a finished rollout could wait in the
+  pool for many batches. When Molt hands a finished group over, the oldest finished one still in
+  the pool is taken instead (the handed one goes back), as the arithmetic above assumes.
 * Stragglers are dropped: a rollout that finishes later than `carry` batches (a slow trajectory
   overtaken by faster ones) would train more than N updates after its version. Its group is
   dropped when collected (Molt dispatches a fresh prompt in its place, so the batch keeps its
@@ -110,7 +115,34 @@ class LagGate:
         self.next_step: int | None = None  # the step that trains the batch being collected
         self.collecting = False
         self.dropped = 0
-        self.dispatch_versions: dict = {}
+        self.dispatch_versions: dict = {}  # in-flight rollout -> the version live at its dispatch
+        self._dispatch_order: dict = {}  # in-flight rollout -> its dispatch number
+        self._dispatched = 0
+
+    def dispatched(self, refs, version: int) -> None:
+        for ref in refs:
+            self.dispatch_versions[ref] = version
+            self._dispatch_order[ref] = self._dispatched
+            self._dispatched += 1
+
+    def oldest_finished(self, pool: list, handed):
+        """The oldest finished rollout in `pool` dispatched before `handed` (which then takes its
+        place in the pool), or `handed` itself."""
+        import ray
+
+        order = self._dispatch_order
+        older = [ref for ref in pool if order.get(ref, math.inf) < order.get(handed, -math.inf)]
+        finished = ray.wait(older, num_returns=len(older), timeout=0)[0] if older else []
+        if not finished:
+            return handed
+        oldest = min(finished, key=order.__getitem__)
+        pool[pool.index(oldest)] = handed
+        return oldest
+
+    def collected(self, ref) -> int | None:
+        """The version of a collected rollout (None: not dispatched under the gate)."""
+        self._dispatch_order.pop(ref, None)
+        return self.dispatch_versions.pop(ref, None)
 
     def _ask(self, method: str, *args) -> int:
         import ray
@@ -184,15 +216,16 @@ def _patch_generator(generator_class) -> None:
         refs = dispatch(self, *args, **kwargs)
         gate = _gate(self)
         if gate is not None and gate.collecting:
-            version = gate.live_version()
-            gate.dispatch_versions.update((ref, version) for ref in refs)
+            gate.dispatched(refs, gate.live_version())
         return refs
 
     @functools.wraps(filter_group)
     def filter_stale(self, finished_rollout, dynamic_filtering, drop_counts, *args, **kwargs):
-        samples = filter_group(self, finished_rollout, dynamic_filtering, drop_counts, *args, **kwargs)
         gate = _gate(self)
-        version = None if gate is None else gate.dispatch_versions.pop(finished_rollout, None)
+        if gate is not None and gate.collecting:
+            finished_rollout = gate.oldest_finished(self._inflight_rollouts, finished_rollout)
+        samples = filter_group(self, finished_rollout, dynamic_filtering, drop_counts, *args, **kwargs)
+        version = None if gate is None else gate.collected(finished_rollout)
         if version is None:
             return samples
         if samples and is_stale(version, gate.next_step, gate.bound):

@@ -5,12 +5,14 @@ The driver process gets the stand-ins first (`standins.install_driver`: vLLM's e
 becomes the CPU engine); every Ray worker gets them through the rehearsal's setup hook, which
 then runs the plugin's own. Ray starts with logical GPUs (`MOLT_FLASHREINFORCE_REHEARSAL_GPUS`),
 so Molt's GPU bundles, `num_gpus=1` actors and its over-subscription check all run unchanged.
+The engine's decode delay (`engine.DECODE_DELAY_VARIABLE`), when exported, reaches the engine's worker.
 """
 
 from __future__ import annotations
 
 import os
 
+from molt_flashreinforce.rehearsal.engine import DECODE_DELAY_VARIABLE
 from molt_flashreinforce.rehearsal.run import LOGICAL_GPUS_VARIABLE
 from molt_flashreinforce.rehearsal.standins import ENVIRONMENT, LOOPBACK, SETUP_HOOK, install_driver
 
@@ -22,7 +24,7 @@ def main() -> None:
 
     install_driver()
     passthrough = ("GLOO_SOCKET_IFNAME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS", "PYTHONPATH",
-                   "RAY_prestart_worker_first_driver", *ENVIRONMENT)
+                   "RAY_prestart_worker_first_driver", DECODE_DELAY_VARIABLE, *ENVIRONMENT)
     molt_main.main(
         setup_hook=SETUP_HOOK,
         ray_options={
