@@ -98,7 +98,7 @@ class PolicyVersionBoard:
         return await self.wait_until(-math.inf)
 
 
-def board() -> "ray.actor.ActorHandle":  # noqa: F821
+def board():
     """This job's board, created by whichever side asks first."""
     import ray
 

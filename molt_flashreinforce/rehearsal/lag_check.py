@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     curve = lag_curve(args.run_dir)
     print("step  lag mean  lag max  at bound  dropped")
     for p in curve:
-        extra = "" if p.at_bound is None else f"  {p.at_bound:8g}  {p.dropped:7g}"
+        extra = "" if p.at_bound is None else f"  {p.at_bound:8g}  {'-' if p.dropped is None else f'{p.dropped:g}':>7}"
         print(f"{p.step:4d}  {p.mean:8.2f}  {p.max:7g}{extra}")
     if args.bound is None:
         return 0
