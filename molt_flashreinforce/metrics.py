@@ -39,6 +39,11 @@ POLICY_LAG_MEAN = "train/policy_lag_mean"
 POLICY_LAG_MAX = "train/policy_lag_max"
 ROLLOUTS_CONSUMED = "train/rollouts_consumed"  # cumulative trajectories trained on
 POLICY_VERSIONS_MIXED = "train/policy_versions_mixed_fraction"  # trajectories spanning a refit
+# With algo.max_policy_lag set (plugin/lag_bound.py): 1.0 when the step's oldest trajectory is exactly
+# at the bound (its mean over steps is the fraction of steps at the bound), and the trajectories
+# dropped for exceeding the bound while the step's batch was collected.
+POLICY_LAG_AT_BOUND = "train/policy_lag_at_bound"
+POLICY_LAG_DROPPED = "train/policy_lag_dropped"
 TOOL_CALLS = "train/tool_calls"  # numeric agent `Result.info` key `tool_calls`
 TURNS = "train/turns"
 # Numeric math `Result.info` keys (agents/grading.py, Grade.info): 0/1 per graded rollout, so

@@ -87,15 +87,19 @@ def test_moe_comparison_matches_102k_trajectories_at_lag_8_versus_lag_1():
         assert budget(cfg)["updates"] == 800
         assert budget(cfg)["per_update"] == 128
     assert flash_cfg.algo.delta == 1e-2
-    # in flight / per update = the intended lag; GRPO runs one batch at a time
-    assert flash_cfg.molt.rollout.vllm_generate_batch_size / flash_cfg.molt.rollout.batch_size == 8
+    # The lags by construction (plugin/lag_bound.py): bounds of 8 and 1. FlashREINFORCE keeps 7
+    # batches in flight, so its lag is about 7 even when generation is the slower side, and the
+    # queue of 8 lets generation run ahead to the bound when it is the faster one.
+    assert (flash_cfg.algo.max_policy_lag, grpo_cfg.algo.max_policy_lag) == (8, 1)
+    assert flash_cfg.molt.rollout.vllm_generate_batch_size / flash_cfg.molt.rollout.batch_size == 7
+    assert flash_cfg.molt.train.async_queue_size + 7 >= 8
     assert grpo_cfg.molt.rollout.vllm_generate_batch_size is None and grpo_cfg.molt.train.async_queue_size == 1
 
 
 def test_long_horizon_runs_6000_updates_at_lag_4_with_delta_5e3():
     cfg = compose_job("experiment=long_horizon_r1_distill_1p5b")
     assert budget(cfg)["updates"] == 6000
-    assert cfg.molt.rollout.vllm_generate_batch_size / cfg.molt.rollout.batch_size == 4
+    assert cfg.molt.rollout.vllm_generate_batch_size / cfg.molt.rollout.batch_size == 4 == cfg.algo.max_policy_lag
     assert cfg.algo.delta == 5e-3
     assert (cfg.molt.eval.n_samples_per_prompt, cfg.molt.eval.temperature, cfg.molt.eval.top_p) == (32, 0.6, 0.95)
 

@@ -57,7 +57,7 @@ class EchoRunner:
 def generator():
     # Our launcher's runtime env: every worker runs the setup hook (register + policy_lag.install).
     pythonpath = os.pathsep.join(filter(None, [str(VLLM_STUB), os.environ.get("PYTHONPATH")]))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": {"PYTHONPATH": pythonpath}})
     args = parse_and_validate([
         "--actor.model_name_or_path", "unused", "--vllm.num_engines", "1", "--train.agent_path", "unused.py",

@@ -57,6 +57,7 @@ def test_flashreinforce_renders_the_recipe_and_plugin_flags(tmp_path, experiment
         "delta": cfg.algo.delta, "gate_level": cfg.algo.gate_level, "gate_mean": cfg.algo.gate_mean,
         "reduction": cfg.algo.reduction, "constant_length": None,
         "importance_sampling": cfg.algo.importance_sampling, "entropy_filter_q": cfg.algo.entropy_filter_q,
+        "max_policy_lag": cfg.algo.max_policy_lag,
     }
     expected_model = model_context.extended_copy_path(cfg) or cfg.model.name_or_path
     assert args.actor.model_name_or_path == str(expected_model)
@@ -79,6 +80,15 @@ def test_grpo_renders_the_paper_baseline(tmp_path, experiment):
     assert args.train.force_on_policy and args.train.max_epochs == 1
     assert args.train.async_queue_size == 1 and not args.train.partial_rollout_enable
     assert args.rollout.vllm_generate_batch_size == args.rollout.batch_size  # Molt's own default
+    assert args.flashreinforce.max_policy_lag == cfg.algo.max_policy_lag == 1  # the bound is every algorithm's
+
+
+def test_unbounded_lag_renders_no_flag_and_is_refused_under_the_molt_node(tmp_path):
+    job = prepare(tmp_path, "experiment=math_qwen2p5_1p5b", "algo.max_policy_lag=null")
+    assert "--flashreinforce.max_policy_lag" not in job.command.argv(missing="x")
+    assert parse_and_validate(job.command.argv(missing="x")).flashreinforce.max_policy_lag is None
+    with pytest.raises(LaunchError, match="molt.flashreinforce.max_policy_lag is owned by algo.max_policy_lag"):
+        prepare(tmp_path, "experiment=math_qwen2p5_1p5b", "++molt.flashreinforce.max_policy_lag=3")
 
 
 def test_records_hold_a_runnable_command_and_the_launch_context(tmp_path):

@@ -160,6 +160,9 @@ def test_every_shipped_experiment_passes(overrides):
     (["seed=-1"], "seed=-1 must be an integer >= 0"),
     (["local.lr=abc"], "local.lr=abc must be a positive finite number"),
     (["local.adam_betas=[0.9,x]"], "local.adam_betas=[0.9, 'x'] must be two numbers in [0, 1)"),
+    (["algo.max_policy_lag=-1"], "algo.max_policy_lag=-1 must be an integer >= 0; use a number of optimizer updates"),
+    (["algo.max_policy_lag=2.5"], "algo.max_policy_lag=2.5 must be an integer >= 0"),
+    (["local.policy_lag=3", "algo.max_policy_lag=2"], "local.policy_lag=3 exceeds algo.max_policy_lag=2"),
 ])
 def test_validate_names_the_key_the_value_and_the_fix(overrides, message):
     with pytest.raises(LaunchError) as error:
@@ -185,3 +188,31 @@ def test_only_a_run_directory_holding_hydras_files_is_removed(tmp_path):
     (tmp_path / ".hydra").mkdir()
     remove_unused_run_dir(tmp_path, tmp_path)  # hydra.run.dir=. : the launch directory itself stays
     assert (tmp_path / ".hydra").is_dir()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # 896 in flight / 128 per update: rollouts may wait 7 batches, more than a bound of 6 allows.
+    (["experiment=moe_lag8_qwen3_30b_a3b", "algo.max_policy_lag=6"],
+     "molt.rollout.vllm_generate_batch_size=896 keeps rollouts in flight for up to 7 batches of 128 under partial "
+     "rollout, more than algo.max_policy_lag=6 allows"),
+    # Molt turns partial rollout on by itself above one batch in flight: 16 > 8 games per update.
+    (["experiment=alfworld_qwen2p5_7b", "algo=grpo", "molt.rollout.vllm_generate_batch_size=24"],
+     "up to 3 batches of 8 under partial rollout, more than algo.max_policy_lag=1 allows"),
+    (["experiment=math_qwen2p5_1p5b", "algo.max_policy_lag=0", "++molt.train.partial_rollout_enable=true"],
+     "at most 0 or turn partial rollout off"),
+    (["experiment=moe_lag8_qwen3_30b_a3b", "++molt.ckpt.warm_resume_rollouts=true"],
+     "molt.ckpt.warm_resume_rollouts=true with algo.max_policy_lag=8: the rollouts it restores carry no policy version"),
+])
+def test_a_lag_bound_the_runtime_could_not_hold_is_refused(overrides, message):
+    with pytest.raises(LaunchError) as error:
+        validation.validate(compose_config(*overrides))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_paper_bounds_are_set_and_within_their_pools():
+    for experiment, algo, bound in (("moe_lag8_qwen3_30b_a3b", "flashreinforce", 8), ("moe_lag8_qwen3_30b_a3b", "grpo", 1),
+                                    ("long_horizon_r1_distill_1p5b", "flashreinforce", 4),
+                                    ("math_qwen2p5_1p5b", "grpo", 1)):
+        cfg = compose_config(f"experiment={experiment}", f"algo={algo}")
+        assert cfg.algo.max_policy_lag == bound
+        validation.validate(cfg)

@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from molt_flashreinforce import metrics as tags
-from molt_flashreinforce.local.config import LocalConfig
+from molt_flashreinforce.local.config import LocalConfig, LocalConfigError
 from molt_flashreinforce.local.model import response_log_probs
 from molt_flashreinforce.local.snapshots import PolicySnapshots
 from molt_flashreinforce.local.trainer import LocalTrainer
@@ -87,3 +87,17 @@ def test_grpo_batches_are_groups_of_g_samples_of_one_prompt():
     assert (groups == groups[:, :1]).all()
     assert len({tuple(g[0].tolist()) for g in groups}) > 1
     assert answers.view(8, 4).eq(answers.view(8, 4)[:, :1]).all()
+
+
+def test_bounded_lag_reads_as_in_a_molt_run():
+    """Under algo.max_policy_lag the local lag is the same quantity as Molt's (update number minus
+    the sampling version); a step is at the bound once the queue of initial weights is used up."""
+    bounded = OmegaConf.merge(FLASH, {"max_policy_lag": 3})
+    trainer = LocalTrainer(small_config(3, steps=6), bounded, seed=0)
+    logged = [trainer.step() for _ in range(6)]
+    assert [entry[tags.POLICY_LAG_MAX] for entry in logged] == [0, 1, 2, 3, 3, 3]
+    assert [entry[tags.POLICY_LAG_AT_BOUND] for entry in logged] == [0, 0, 0, 1, 1, 1]
+    assert all(entry[tags.POLICY_LAG_DROPPED] == 0 for entry in logged)
+    assert tags.POLICY_LAG_AT_BOUND not in LocalTrainer(small_config(3), FLASH, seed=0).step()
+    with pytest.raises(LocalConfigError, match="local.policy_lag=4 exceeds algo.max_policy_lag=3"):
+        LocalTrainer(small_config(4), bounded, seed=0)

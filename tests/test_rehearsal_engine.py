@@ -18,10 +18,12 @@ import pytest
 import torch
 
 from molt_flashreinforce.rehearsal.engine import (
+    DECODE_DELAY_VARIABLE,
     CpuRolloutEngine,
     EngineConfigError,
     Sampling,
     SamplingError,
+    decode_delay_s,
     processed_log_probs,
 )
 from molt_flashreinforce.rehearsal.tiny_model import build_tiny_model
@@ -247,3 +249,11 @@ def test_min_tokens_masks_eos_in_the_returned_log_probs(engine):
     expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None]).squeeze(1)
     returned = torch.tensor([entry["logprob"] for entry in choice["logprobs"]["content"]])
     torch.testing.assert_close(returned, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_decode_delay_is_read_from_the_environment_and_refused_when_meaningless():
+    assert decode_delay_s({}) == 0.0
+    assert decode_delay_s({DECODE_DELAY_VARIABLE: "0.25"}) == 0.25
+    for bad in ("-1", "abc", "inf", "nan"):
+        with pytest.raises(EngineConfigError, match=f"{DECODE_DELAY_VARIABLE}={bad} must be a number of seconds >= 0"):
+            decode_delay_s({DECODE_DELAY_VARIABLE: bad})

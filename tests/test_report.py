@@ -359,3 +359,54 @@ def test_protocol_point_before_the_first_log_and_tags_never_logged_together(tmp_
                     tool_scalars({"amc23": {600: 0.5}, "minerva": {590: 0.5}, "aime25": {600: 0.5}}))
     status, out, err = report(capsys, tool, "--format", "csv")
     assert only(csv_rows(out), row="score_600")["status"].startswith("not in this run: never at one shared step")
+
+
+# ---------------------------------------------------------------- the policy-lag block
+
+MOE = "moe_lag8_qwen3_30b_a3b"
+
+
+def lag_run(path, algo: dict, means: dict[int, float], maxima: dict[int, float]):
+    return make_run(path, {"experiment_name": MOE, "algo": algo},
+                    {metrics.POLICY_LAG_MEAN: means, metrics.POLICY_LAG_MAX: maxima})
+
+
+def test_measured_lag_over_the_protocols_steps_beside_the_papers(tmp_path, capsys):
+    # Steps up to 800 count (the protocol's horizon); step 801 is beyond it and ignored.
+    bounded = lag_run(tmp_path / "bounded", {"name": "flashreinforce", "delta": 1.0e-2},
+                      {1: 7.0, 400: 8.0, 800: 8.5, 801: 30.0}, {1: 7.0, 400: 8.0, 800: 9.0, 801: 30.0})
+    drifting = lag_run(tmp_path / "drifting", {"name": "flashreinforce", "delta": 1.0e-2},
+                       {1: 8.0, 800: 11.0}, {1: 8.0, 800: 11.0})
+    grpo = lag_run(tmp_path / "grpo", {"name": "grpo"}, {1: 1.0, 800: 1.0}, {1: 1.0, 800: 2.0})
+    status, out, err = report(capsys, bounded, drifting, grpo)
+    assert status == 0, err
+    assert "Policy lag, `moe_lag8_qwen3_30b_a3b` (updates; steps ≤ 800; flagged when more than 1 off" in out
+    assert "| bounded | 7.83 | 9.00 | 800 | 8 |  |" in out  # within 1 of the paper's 8, max 9 = 8 + 1
+    assert "| drifting | 9.50 | 11.00 | 800 | 8 | OFF THE PAPER'S LAG |" in out
+    assert "| grpo | 1.00 | 2.00 | 800 | 1 |  |" in out  # GRPO's arm: the paper's lag of 1
+
+
+def test_a_max_more_than_one_past_the_papers_lag_is_flagged(tmp_path, capsys):
+    spiky = lag_run(tmp_path / "spiky", {"name": "flashreinforce", "delta": 1.0e-2},
+                    {1: 8.0, 2: 8.0}, {1: 8.0, 2: 10.0})
+    status, out, _ = report(capsys, spiky)
+    assert "| 8.00 | 10.00 | 2 | 8 | OFF THE PAPER'S LAG |" in out  # a lone run is labelled by its config
+
+
+def test_experiment_without_a_stated_lag_and_run_without_lag_tags(tmp_path, capsys):
+    run = make_run(tmp_path / "math", {"experiment_name": "math_qwen2p5_1p5b", "algo": {"name": "flashreinforce"}},
+                   {metrics.POLICY_LAG_MEAN: {1: 3.0}, metrics.POLICY_LAG_MAX: {1: 5.0}})
+    status, out, _ = report(capsys, run)
+    assert "Policy lag, `math_qwen2p5_1p5b` (updates; all steps;" in out
+    assert "| 3.00 | 5.00 | 1 | not stated |  |" in out
+    silent = make_run(tmp_path / "silent", {"experiment_name": MOE, "algo": {"name": "grpo"}},
+                      {metrics.eval_pass1("amc23"): {1: 0.5}})
+    status, out, _ = report(capsys, silent)
+    assert "| — | — | — | 1 |  |" in out
+
+
+@pytest.mark.parametrize("fmt", ["csv", "latex"])
+def test_machine_formats_are_unchanged(tmp_path, capsys, fmt):
+    run = lag_run(tmp_path / "bounded", {"name": "flashreinforce"}, {1: 8.0}, {1: 8.0})
+    status, out, _ = report(capsys, run, "--format", fmt)
+    assert status == 0 and "Policy lag," not in out

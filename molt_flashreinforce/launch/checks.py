@@ -1,7 +1,8 @@
 """Fail-fast checks that run before any Ray or GPU work.
 
 * `check_config(cfg)`: combinations that are wrong on any machine (raises `LaunchError`). Some of
-  them Molt would catch only on the GPU actors, some never. It includes `check_context`.
+  them Molt would catch only on the GPU actors, some never (an in-flight pool deeper than
+  `algo.max_policy_lag` allows). It includes `check_context`.
 * `check_context(cfg, model_max_positions, source)`: `molt.data.max_len` (Molt's context budget,
   which vLLM gets as max_model_len) against the context of the model Molt will load;
   `model_max_positions(cfg)` finds that context offline (see `model_context`).
@@ -104,6 +105,29 @@ def _check_batches_and_placement(cfg: DictConfig) -> None:
         )
 
 
+def _check_policy_lag_bound(cfg: DictConfig) -> None:
+    """The lag bound's gate (plugin/lag_bound.py) waits for the trainer; it must never wait for a step
+    that itself waits for the batch being collected."""
+    bound = cfg.algo.get("max_policy_lag")
+    if bound is None:
+        return
+    groups = int(_molt_value(cfg, "rollout.batch_size", 1024))
+    in_flight = int(_molt_value(cfg, "rollout.vllm_generate_batch_size", groups))
+    # Molt turns partial rollout on itself when more rollouts are in flight than one batch holds.
+    partial = bool(_molt_value(cfg, "train.partial_rollout_enable", False)) or in_flight > groups
+    carried = math.ceil(in_flight / groups) if partial else 0
+    if carried > bound:
+        raise LaunchError(
+            f"molt.rollout.vllm_generate_batch_size={in_flight} keeps rollouts in flight for up to {carried} batches of "
+            f"{groups} under partial rollout, more than algo.max_policy_lag={bound} allows (the lag bound would wait "
+            f"for training that waits for it); set molt.rollout.vllm_generate_batch_size to at most {bound * groups}"
+            + (" or turn partial rollout off" if bound == 0 else "") + ".")
+    if _molt_value(cfg, "ckpt.warm_resume_rollouts", False):
+        raise LaunchError(
+            f"molt.ckpt.warm_resume_rollouts=true with algo.max_policy_lag={bound}: the rollouts it restores carry no "
+            "policy version, so the bound cannot hold for them; remove molt.ckpt.warm_resume_rollouts.")
+
+
 def model_max_positions(cfg: DictConfig) -> tuple[int | None, str]:
     """(context of the model Molt will load, where it was read). With model.max_position_embeddings
     set that is the extended copy: its config.json once written, else the requested value."""
@@ -145,6 +169,7 @@ def check_config(cfg: DictConfig) -> None:
     elif cfg.algo.group_size < 2:
         raise LaunchError(f"algo.group_size={cfg.algo.group_size}: GRPO's group baseline needs >= 2 samples per prompt.")
     _check_batches_and_placement(cfg)
+    _check_policy_lag_bound(cfg)
     # An explicit agent.path may read ENABLE_THINKING itself; of the shipped agents only python_tool does.
     if cfg.agent.get("enable_thinking") is not None and cfg.agent.kind != "python_tool" and not cfg.agent.path:
         raise LaunchError(f"agent.enable_thinking={cfg.agent.enable_thinking}: the shipped {cfg.agent.kind} agent ignores "

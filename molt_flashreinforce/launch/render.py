@@ -258,6 +258,10 @@ def render_command(
     flags.add("train.seed", "seed", int(cfg.seed))
     _placement_flags(flags, cfg.placement)
     _algo_flags(flags, cfg.algo)
+    if cfg.algo.get("max_policy_lag") is not None:  # every algorithm: the bound is the plugin's, not the loss's
+        flags.add("flashreinforce.max_policy_lag", "algo.max_policy_lag", int(cfg.algo.max_policy_lag))
+    else:
+        flags.own("flashreinforce.max_policy_lag", "algo.max_policy_lag")
     checkpoints = run_dir / CHECKPOINT_SUBDIR
     flags.add("ckpt.path", "the run directory", str(checkpoints / "state"))
     flags.add("ckpt.output_dir", "the run directory", str(checkpoints / "hf"))

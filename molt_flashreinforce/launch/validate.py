@@ -11,7 +11,7 @@ value and the fix; `launch/app.py` prints it once on stderr and exits with statu
   the closest existing keys (Hydra itself would advise adding it with `+`), an unknown group option
   the closest options. Errors it does not recognise are left to Hydra, so nothing is lost.
 * `validate` checks the backend, the rehearsal and `cluster.*` settings, the seed, the `algo` node's
-  types and choices, then the backend's
+  types and choices (`algo.max_policy_lag` included), then the backend's
   own settings: `local.*` through `LocalConfig` (backend=local), the Molt launch checks
   (`checks.check_config`, backend=molt).
 
@@ -221,6 +221,13 @@ def _check_grpo(algo: DictConfig) -> None:
     _choice("algo.reduction", algo.reduction, GRPO_REDUCTIONS)
 
 
+def _check_policy_lag(algo: DictConfig) -> None:
+    bound = algo.get("max_policy_lag")
+    if bound is not None:
+        _integer("algo.max_policy_lag", bound, 0, "use a number of optimizer updates such as algo.max_policy_lag=8, "
+                 "or algo.max_policy_lag=null for no bound")
+
+
 def _check_local(cfg: DictConfig) -> None:
     from molt_flashreinforce.local.config import LocalConfig, LocalConfigError
 
@@ -232,6 +239,11 @@ def _check_local(cfg: DictConfig) -> None:
         raise LaunchError(
             f"local.rollouts_per_step={local.rollouts_per_step} is not a multiple of algo.group_size="
             f"{cfg.algo.group_size} (each prompt gets a whole group); set local.rollouts_per_step to a multiple of it")
+    bound = cfg.algo.get("max_policy_lag")
+    if bound is not None and local.policy_lag > bound:
+        raise LaunchError(
+            f"local.policy_lag={local.policy_lag} exceeds algo.max_policy_lag={bound}: every local batch is exactly "
+            f"local.policy_lag updates old; lower local.policy_lag to at most {bound} or raise algo.max_policy_lag")
 
 
 def _check_rehearsal(cfg: DictConfig) -> None:
@@ -269,6 +281,7 @@ def validate(cfg: DictConfig) -> None:
     _integer("seed", cfg.seed, 0, "use a non-negative integer such as seed=0")
     _choice("algo.name", cfg.algo.name, ALGORITHMS)
     (_check_flashreinforce if cfg.algo.name == "flashreinforce" else _check_grpo)(cfg.algo)
+    _check_policy_lag(cfg.algo)
     if cfg.backend == "local":
         _check_local(cfg)
     else:

@@ -8,6 +8,10 @@
 `version` counts optimizer steps. Update v trains on a batch sampled, with stored log-probs, by
 the policy snapshot of version max(0, v - policy_lag) (`snapshots.PolicySnapshots`). The batch is
 B = `rollouts_per_step` trajectories: B / group_size prompts, each sampled group_size times.
+The lag reads as in a Molt run (plugin/lag_bound.py): the update's number minus the version that
+sampled the batch. Under `algo.max_policy_lag` N the lag must not exceed N (refused at
+construction, since every batch here is exactly `policy_lag` updates old, so nothing is ever
+dropped), and each update also logs `policy_lag_at_bound` and `policy_lag_dropped` (always 0).
 Each update also counts tokens, cumulatively: generated = the batch's response tokens (its
 mask), trained = its prompt tokens plus those response tokens.
 `state_dict()` holds everything needed to continue bit-for-bit (weights, optimizer, snapshots,
@@ -50,6 +54,12 @@ class LocalTrainer:
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay
         )
+        self.max_policy_lag = algo.get("max_policy_lag") if hasattr(algo, "get") else getattr(algo, "max_policy_lag", None)
+        if self.max_policy_lag is not None and cfg.policy_lag > self.max_policy_lag:
+            raise LocalConfigError(
+                f"local.policy_lag={cfg.policy_lag} exceeds algo.max_policy_lag={self.max_policy_lag}: every local batch "
+                f"is exactly local.policy_lag updates old; lower local.policy_lag to at most {self.max_policy_lag}"
+            )
         self.snapshots = PolicySnapshots(cfg.policy_lag)
         self.prompt_generator = torch.Generator().manual_seed(seed)
         self.sample_generator = torch.Generator(self.device).manual_seed(seed + 1)
@@ -159,6 +169,9 @@ class LocalTrainer:
             tags.GENERATED_TOKENS: float(self.generated_tokens),
             tags.TRAINED_TOKENS: float(self.trained_tokens),
         }
+        if self.max_policy_lag is not None:
+            logged[tags.POLICY_LAG_AT_BOUND] = float(lag == self.max_policy_lag)
+            logged[tags.POLICY_LAG_DROPPED] = 0.0
         if stats.acceptance_rate is not None:
             logged[tags.ACCEPTANCE_RATE] = stats.acceptance_rate
             logged[tags.IS_FILTER_RATIO] = 1.0 - stats.acceptance_rate

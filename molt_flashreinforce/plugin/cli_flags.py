@@ -4,7 +4,9 @@
   `--actor.loss_mode` list its built-in names only and would reject `flashreinforce`.
 * `add_plugin_arguments(parser)`: the `--flashreinforce.*` knobs. Molt's `hierarchize` turns
   them into `args.flashreinforce.*`, and `args` is pickled into every Ray actor, so the
-  actors' loss reads the same values the driver validated.
+  actors' loss reads the same values the driver validated. `--flashreinforce.max_policy_lag`
+  applies to every algorithm (GRPO included): the generator and trainer patches of
+  plugin/lag_bound.py read it.
 """
 
 from __future__ import annotations
@@ -47,5 +49,7 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
                        help="Length constant for reduction=constant_length")
     group.add_argument("--flashreinforce.importance_sampling", type=_boolean, default=defaults.importance_sampling,
                        help="false: no pi/mu ratio and no gate (the paper's no-IS ablation)")
+    group.add_argument("--flashreinforce.max_policy_lag", type=int, default=None,
+                       help="No trajectory more than this many updates old reaches the loss (unset: unbounded)")
     group.add_argument("--flashreinforce.entropy_filter_q", type=float, default=defaults.entropy_filter_q,
                        help="Keep the ceil(q*T) highest-entropy tokens of failed trajectories; 1 = off")

@@ -28,8 +28,14 @@ worker by our setup hook) patches two plain Molt classes, each used in its own R
 Lag 0 is on-policy; Molt's queue of 1 without force_sync_mode gives lag 1 (the next batch is
 generated while the current one trains). The version is the one at dispatch: under partial rollout
 later tokens of a long rollout may come from newer weights, so this is the rollout's oldest
-version. The generator and the trainer may run on different nodes: their clocks are assumed
-synchronised to well under one training step.
+version (its first token's, or older). The generator and the trainer may run on different nodes:
+their clocks are assumed synchronised to well under one training step.
+
+With `--flashreinforce.max_policy_lag N` (plugin/lag_bound.py) each sample also carries the exact
+version the generator read from the trainer's version board at dispatch (`policy_version`); the
+lag is then read from it, with no clock involved, and the step's status gains
+`policy_lag_at_bound` (1.0 when its oldest trajectory is exactly N updates old). A stamped sample
+more than N updates old reaching `train_step` is a bug of the bound, and raises.
 """
 
 from __future__ import annotations
@@ -42,10 +48,12 @@ from molt_flashreinforce import metrics
 
 DISPATCH_TIME_ATTRIBUTE = "policy_dispatch_time"
 FINISH_TIME_ATTRIBUTE = "policy_finish_time"
+VERSION_ATTRIBUTE = "policy_version"  # set only under a lag bound (plugin/lag_bound.py)
 LAG_MEAN_KEY = metrics.POLICY_LAG_MEAN.removeprefix("train/")
 LAG_MAX_KEY = metrics.POLICY_LAG_MAX.removeprefix("train/")
 ROLLOUTS_CONSUMED_KEY = metrics.ROLLOUTS_CONSUMED.removeprefix("train/")
 MIXED_VERSIONS_KEY = metrics.POLICY_VERSIONS_MIXED.removeprefix("train/")
+AT_BOUND_KEY = metrics.POLICY_LAG_AT_BOUND.removeprefix("train/")
 _INSTALLED_MARK = "_molt_flashreinforce_policy_lag"
 
 
@@ -64,23 +72,52 @@ class PolicyVersionClock:
         return self._versions[bisect.bisect_right(self._times, moment) - 1]
 
 
-def lag_statistics(samples, clock: PolicyVersionClock, global_step: int) -> dict[str, float]:
+def dispatch_version(sample, clock: PolicyVersionClock) -> int:
+    """The version live when the sample's rollout was dispatched: the board's exact stamp under a
+    lag bound, else the clock's reading of its dispatch time."""
+    version = getattr(sample, VERSION_ATTRIBUTE, None)
+    return clock.version_at(getattr(sample, DISPATCH_TIME_ATTRIBUTE)) if version is None else version
+
+
+def lag_statistics(samples, clock: PolicyVersionClock, global_step: int, bound: int | None = None) -> dict[str, float]:
     """{policy_lag_mean, policy_lag_max, policy_versions_mixed_fraction} over the stamped
-    samples; {} when none is stamped."""
+    samples, plus policy_lag_at_bound when `bound` is set; {} when none is stamped."""
     stamped = [sample for sample in samples if getattr(sample, DISPATCH_TIME_ATTRIBUTE, None) is not None]
     if not stamped:
         return {}
-    versions = [clock.version_at(getattr(sample, DISPATCH_TIME_ATTRIBUTE)) for sample in stamped]
+    versions = [dispatch_version(sample, clock) for sample in stamped]
     lags = [global_step - version for version in versions]
     mixed = [
         clock.version_at(getattr(sample, FINISH_TIME_ATTRIBUTE, getattr(sample, DISPATCH_TIME_ATTRIBUTE))) > version
         for sample, version in zip(stamped, versions)
     ]
-    return {
+    stats = {
         LAG_MEAN_KEY: sum(lags) / len(lags),
         LAG_MAX_KEY: float(max(lags)),
         MIXED_VERSIONS_KEY: sum(mixed) / len(mixed),
     }
+    if bound is not None:
+        stats[AT_BOUND_KEY] = float(max(lags) == bound)
+    return stats
+
+
+def max_policy_lag(args) -> int | None:
+    """`--flashreinforce.max_policy_lag` from Molt's parsed args (None: unbounded)."""
+    return getattr(getattr(args, "flashreinforce", None), "max_policy_lag", None)
+
+
+def check_bound(samples, global_step: int, bound: int | None) -> None:
+    """Raise when a sample stamped by the lag bound is more than `bound` updates old."""
+    if bound is None:
+        return
+    for sample in samples:
+        version = getattr(sample, VERSION_ATTRIBUTE, None)
+        if version is not None and global_step - version > bound:
+            raise RuntimeError(
+                f"a trajectory dispatched under policy version {version} reached train_step at step {global_step}, "
+                f"{global_step - version} updates old, past --flashreinforce.max_policy_lag {bound}: the lag bound's "
+                "generator gate and the trainer disagree on the step that trains this batch."
+            )
 
 
 def _patch_generator(generator_class) -> None:
@@ -119,7 +156,9 @@ def _patch_trainer(trainer_class) -> None:
         clock = self.__dict__.get("_policy_version_clock")
         if clock is None:  # the weights vLLM holds at the first step (a resumed run starts above 0)
             clock = self._policy_version_clock = PolicyVersionClock(global_step)
-        lag = lag_statistics(rollout_samples, clock, global_step)
+        bound = max_policy_lag(self.args)
+        check_bound(rollout_samples, global_step, bound)
+        lag = lag_statistics(rollout_samples, clock, global_step, bound)
         status, next_step = train_step(self, rollout_samples, global_step)
         clock.went_live(next_step, time.time())
         status.update(lag)

@@ -7,8 +7,8 @@ actors in processes of their own, so registering in the driver changes nothing t
   deserialises an actor or a task. Our launcher passes it to `ray.init`.
 * `runtime_env_hook`: for `RAY_RUNTIME_ENV_HOOK=molt_flashreinforce.plugin.ray_hooks.runtime_env_hook`
   with the stock `python -m molt.cli.train_rl_ray`: Ray calls it inside Molt's own `ray.init` and it
-  adds the setup hook to the job's runtime environment, and installs the policy-lag probe in
-  the driver, where Molt's actor classes are shipped from. (Ray skips this hook under `uv run`.)
+  adds the setup hook to the job's runtime environment, and installs the policy-lag probe and
+  bound in the driver, where Molt's actor classes are shipped from. (Ray skips this hook under `uv run`.)
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ SETUP_HOOK = "molt_flashreinforce.plugin.ray_hooks.setup_worker"
 
 
 def setup_worker() -> None:
-    from molt_flashreinforce.plugin import policy_lag
+    from molt_flashreinforce.plugin import lag_bound, policy_lag
     from molt_flashreinforce.plugin.registry import register
 
     register()
     policy_lag.install()
+    lag_bound.install()  # wraps the probe's train_step: the board is told of a version after the probe's clock
 
 
 def runtime_env_hook(runtime_env: dict | None) -> dict:
@@ -33,7 +34,8 @@ def runtime_env_hook(runtime_env: dict | None) -> dict:
             f"{SETUP_HOOK} from your hook instead of using RAY_RUNTIME_ENV_HOOK."
         )
     runtime_env["worker_process_setup_hook"] = SETUP_HOOK
-    from molt_flashreinforce.plugin import policy_lag
+    from molt_flashreinforce.plugin import lag_bound, policy_lag
 
     policy_lag.install()
+    lag_bound.install()
     return runtime_env

@@ -6,13 +6,15 @@ becomes the CPU engine); every Ray worker gets them through the rehearsal's setu
 then runs the plugin's own. Ray starts with logical GPUs (`MOLT_FLASHREINFORCE_REHEARSAL_GPUS`),
 so Molt's GPU bundles, `num_gpus=1` actors and its over-subscription check all run unchanged.
 On a multi-node allocation (RAY_ADDRESS set by `cluster.ray_nodes`) each node's `ray start` has
-declared those logical resources (`node_resources`), and the driver only connects.
+declared those logical resources (`rehearsal.run.REHEARSAL_NODE`), and the driver only connects.
+The engine's decode delay (`engine.DECODE_DELAY_VARIABLE`), when exported, reaches the engine's worker.
 """
 
 from __future__ import annotations
 
 import os
 
+from molt_flashreinforce.rehearsal.engine import DECODE_DELAY_VARIABLE
 from molt_flashreinforce.rehearsal.run import LOGICAL_GPUS_VARIABLE, RAY_CPUS
 from molt_flashreinforce.rehearsal.standins import ENVIRONMENT, LOOPBACK, SETUP_HOOK, install_driver
 
@@ -21,7 +23,7 @@ def main() -> None:
 
     install_driver()
     passthrough = ("GLOO_SOCKET_IFNAME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS", "PYTHONPATH",
-                   "RAY_prestart_worker_first_driver", *ENVIRONMENT)
+                   "RAY_prestart_worker_first_driver", DECODE_DELAY_VARIABLE, *ENVIRONMENT)
     options: dict = {"env_vars": {name: os.environ[name] for name in passthrough if name in os.environ}}
     if "RAY_ADDRESS" not in os.environ:  # one node: this process starts Ray with the logical resources
         options.update(num_cpus=RAY_CPUS, num_gpus=int(os.environ[LOGICAL_GPUS_VARIABLE]), include_dashboard=False,

@@ -18,6 +18,11 @@ stacks them),
 `end_weight_update`, `reset_weight_update_check` / `weight_update_missing`
 (`--train.check_weight_update_equal`), `reset_prefix_cache` and `resume_generation`.
 
+`MOLT_FLASHREINFORCE_REHEARSAL_DECODE_DELAY_S` (seconds, default 0) makes every request wait that
+long after each token it generates, as a slower GPU's decode would: the rehearsal's knob for
+showing a run where generation, not training, is the slower side (e.g. that the policy-lag bound
+holds either way). The wait never changes what is sampled.
+
 It refuses what vLLM refuses before a GPU launch would start: a `max_model_len` beyond the
 model's `max_position_embeddings` (unless `VLLM_ALLOW_LONG_MAX_MODEL_LEN=1` or an `hf_overrides`
 raising it, as vLLM allows), and sampling parameters outside vLLM's ranges (HTTP 400, which
@@ -40,6 +45,18 @@ MAX_LOGPROBS = 20  # vLLM's default cap on logprobs per token
 # A per-expert checkpoint name, as Molt's refit sends MoE experts (HF checkpoint layout).
 _EXPERT_WEIGHT = re.compile(r"^(?P<experts>.+\.mlp\.experts)\.(?P<index>\d+)\.(?P<part>gate_proj|up_proj|down_proj)\.weight$")
 SAMPLING_EPS = 1e-5  # below this temperature vLLM samples greedily
+DECODE_DELAY_VARIABLE = "MOLT_FLASHREINFORCE_REHEARSAL_DECODE_DELAY_S"
+
+
+def decode_delay_s(environ=os.environ) -> float:
+    text = environ.get(DECODE_DELAY_VARIABLE, "0")
+    try:
+        delay = float(text)
+    except ValueError:
+        delay = math.nan
+    if not delay >= 0 or math.isinf(delay):
+        raise EngineConfigError(f"{DECODE_DELAY_VARIABLE}={text} must be a number of seconds >= 0, e.g. 0.5 (0: no delay)")
+    return delay
 
 
 class EngineConfigError(ValueError):
@@ -150,6 +167,7 @@ class CpuRolloutEngine:
         self._slices_loaded: Counter = Counter()
         self._sync_group = None
         self._server = None
+        self._decode_delay_s = decode_delay_s()
 
     # ------------------------------------------------------------------ generation
 
@@ -184,7 +202,7 @@ class CpuRolloutEngine:
             tokens.append(token)
             entries.append(self._logprob_entry(token, log_probs, sampling.logprobs))
             next_input = torch.tensor([[token]])
-            await asyncio.sleep(0)  # let other requests and the refit's RPCs run
+            await asyncio.sleep(self._decode_delay_s)  # let other requests and the refit's RPCs run
             if token in self.eos_ids and not sampling.ignore_eos:
                 finish = "stop"
                 break

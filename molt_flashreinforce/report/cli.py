@@ -6,7 +6,8 @@ Each RUN_DIR is a Hydra run directory (or a multirun sweep directory, which expa
 jobs) whose TensorBoard event files were written by Molt or by the local backend. Runs are
 grouped by experiment (`--experiment`, else the one recorded in the run's Hydra config); each
 experiment prints one table: paper | this run | difference, one block of rows per run, with
-what the run had spent by the step used (rollouts, wall-clock, GPU-hours, tokens).
+what the run had spent by the step used (rollouts, wall-clock, GPU-hours, tokens). The Markdown
+output then lists each run's measured policy lag beside the paper's (`lag.py`).
 Exit status 0 on success, 2 on bad input (with a message that says what to fix).
 """
 
@@ -16,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from molt_flashreinforce.report import lag
 from molt_flashreinforce.report.events import NoEventFilesError, read_scalars
 from molt_flashreinforce.report.paper import DEFAULT_PATH, PaperResults, PaperResultsError, load_paper_results
 from molt_flashreinforce.report.placement import read_placement
@@ -93,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         experiments = [(paper.experiments[name], runs) for name, runs in grouped.items()]
         tables = [(experiment, build_rows(paper, experiment, runs)) for experiment, runs in experiments]
         sys.stdout.write(render(tables, args.format, paper))
+        if args.format == "md":
+            for experiment, runs in experiments:
+                sys.stdout.write("\n" + "\n".join(lag.markdown(experiment, lag.lag_rows(paper, experiment, runs))) + "\n")
         if args.plot is not None:
             try:
                 from molt_flashreinforce.report.plot import plot_runs  # matplotlib only when plotting
