@@ -129,7 +129,8 @@ def molt_slurm_rehearsal(slurm, workdir: Path, overrides: list[str], sweep_dir: 
         cwd=workdir, env=slurm, capture_output=True, text=True, timeout=REHEARSAL_TIMEOUT_S)
     assert done.returncode == 0, f"{' '.join(overrides)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     (run_dir,) = [d for d in sweep_dir.iterdir() if d.is_dir() and d.name[0].isdigit()]
-    (out,) = sweep_dir.glob(".submitit/*_0/*_0_log.out")  # task 0: the head, which printed the summary
+    # SLURM's output of task 0 (the head, which printed the summary): .submitit/<job id>/<job id>_0_log.out
+    (out,) = sweep_dir.glob(".submitit/*/*_0_log.out")
     job_id = out.parent.name.partition("_")[0]
     assert no_process_left_within(job_id, 30) == []
     return run_dir, out.read_text()
