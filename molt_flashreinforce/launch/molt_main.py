@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None, *, setup_hook: str | None = None, ray_op
 
     options = dict(ray_options or {})
     env_vars = {**worker_env_vars(dict(os.environ)), **options.pop("env_vars", {})}
-    ray.init(runtime_env={"env_vars": env_vars, "worker_process_setup_hook": setup_hook or SETUP_HOOK}, **options)
+    # RAY_ADDRESS: the cluster our multi-node launch formed. Otherwise a Ray of this job's own: with no
+    # address, ray.init would join whatever cluster the host's address file last named (a
+    # finished job's stale one, or another user's `ray start`).
+    ray.init(address=os.environ.get("RAY_ADDRESS", "local"),
+             runtime_env={"env_vars": env_vars, "worker_process_setup_hook": setup_hook or SETUP_HOOK}, **options)
     try:
         train(args)
         if os.environ.get(ACTOR_MAP_VARIABLE):
