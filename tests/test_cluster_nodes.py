@@ -140,3 +140,12 @@ def test_the_head_stops_at_once_when_a_worker_refused(slurm, tmp_path):
     assert "node n2 runs Python 3.12.1 and Ray 2.40.0" in one_error_line(done)
     assert took < 60  # far below the join timeout
     assert ray_processes() == []
+
+
+def test_a_head_that_stopped_before_the_worker_joined_stops_it_at_once(slurm, tmp_path):
+    port = free_port()
+    write_head_record(tmp_path, port, state="stopped")  # as `heading` leaves it when preparing the job failed
+    done, took = run_alone(slurm, 2, tmp_path, port, timeout_s=120)
+    assert done.returncode == 1
+    assert "the Ray head on n1 stopped before n2 joined" in one_error_line(done)
+    assert took < 20

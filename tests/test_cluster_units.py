@@ -64,3 +64,21 @@ def test_bad_cluster_settings_are_refused_in_one_line(override, message):
     with pytest.raises(LaunchError, match=message.replace(".", r"\.")) as refused:
         validate(cfg)
     assert "\n" not in str(refused.value)
+
+
+def test_a_head_that_fails_before_the_cluster_is_up_marks_it_stopped(tmp_path):
+    import json
+
+    from molt_flashreinforce.cluster.ray_nodes import HEAD_RECORD, cluster_dir, heading
+    from molt_flashreinforce.cluster.slurm import Allocation
+
+    head = Allocation(job_id="31", nodes=("n1", "n2"), this_node="n1", head_address="127.0.0.1")
+    with pytest.raises(LaunchError):
+        with heading(head, tmp_path):
+            raise LaunchError("a bad value found while preparing the job")
+    record = json.loads((cluster_dir(tmp_path, head) / HEAD_RECORD).read_text())
+    assert record == {"job_id": "31", "node": "n1", "state": "stopped"}
+    worker = Allocation(job_id="32", nodes=("n1", "n2"), this_node="n2", head_address="127.0.0.1")
+    with heading(worker, tmp_path):  # a worker's failures are its own line, not the head's record
+        pass
+    assert not cluster_dir(tmp_path, worker).exists()

@@ -283,7 +283,7 @@ def test_a_job_that_fails_on_purpose_exits_with_the_runs_status_and_leaves_nothi
 
 def test_scancel_in_the_middle_of_a_step_leaves_no_process_on_any_node(slurm, tmp_path):
     run_dir = tmp_path / "run"
-    job_id = sbatch(slurm, tmp_path, 2, ["math_qwen2p5_1p5b", "rehearsal=cpu", "rehearsal.steps=20"], run_dir)
+    job_id = sbatch(slurm, tmp_path, 2, ["math_qwen2p5_1p5b", "rehearsal=cpu", "rehearsal.steps=10"], run_dir)
     deadline = time.monotonic() + REHEARSAL_TIMEOUT_S
     log = run_dir / "molt.log"
     while "Train epoch" not in (log.read_text(errors="replace") if log.is_file() else ""):  # a step is under way

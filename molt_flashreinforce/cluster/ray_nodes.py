@@ -1,7 +1,8 @@
 """A Ray cluster over a multi-node SLURM allocation: one Ray node per SLURM node.
 
     run(allocation, settings, resources, run_dir, job)    # job({}) without an allocation, else:
-    lead(allocation, settings, resources, run_dir, job)   # on the allocation's first node
+    lead(allocation, settings, resources, run_dir, job)   # on the allocation's first node, inside
+    with heading(allocation, run_dir): ...                # which wraps all of the head task's work
     join(allocation, settings, resources, run_dir)        # on every other node
 
 `lead` starts the Ray head, waits until every node of the allocation has joined (at most
@@ -30,6 +31,7 @@ join writes `<node>.error`, which the head reports at once instead of waiting ou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -41,7 +43,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from molt_flashreinforce.cluster import processes
 from molt_flashreinforce.cluster.errors import ClusterError
@@ -223,6 +225,20 @@ def run(allocation: Allocation | None, settings: ClusterSettings, resources: Nod
         job({})
     else:
         lead(allocation, settings, resources, run_dir, job)
+
+
+@contextlib.contextmanager
+def heading(allocation: Allocation | None, run_dir: Path) -> Iterator[None]:
+    """Around all of the head task's work (preparing the job, then `lead`): if it fails before the
+    cluster is up, the workers waiting for it stop at once instead of at their join timeout."""
+    try:
+        yield
+    except BaseException:
+        if allocation is not None and allocation.is_head:
+            record = cluster_dir(run_dir, allocation) / HEAD_RECORD
+            fields = _read_record(record, allocation.job_id) or {"job_id": allocation.job_id, "node": allocation.this_node}
+            _write_record(record, **{**fields, "state": "stopped"})
+        raise
 
 
 def lead(allocation: Allocation, settings: ClusterSettings, resources: NodeResources, run_dir: Path,

@@ -99,17 +99,18 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
     if allocation is not None and not allocation.is_head:
         ray_nodes.join(allocation, settings, gpu_node, run_dir)  # the head node's task prepares and runs the job
         return
-    print("Checking the flags with Molt's own parser and validation (importing Molt takes about 20 s) ...", flush=True)
-    job = prepare_molt_job(cfg, run_dir)
-    if job.molt_messages.strip():
-        print(f"Molt's validation said:\n{job.molt_messages.rstrip()}")
-    for warning in job.warnings:
-        print(f"WARNING: a real launch needs: {warning}")
-    print(f"Molt command ({run_dir / 'launch' / 'molt_command.sh'}):\n{job.command.shell()}")
-    if cfg.dry_run:
-        print("dry_run=true: not starting Ray.")
-        return
-    ray_nodes.run(allocation, settings, gpu_node, run_dir, lambda cluster_env: run_molt_job(job, extra_env=cluster_env))
+    with ray_nodes.heading(allocation, run_dir):
+        print("Checking the flags with Molt's own parser and validation (importing Molt takes about 20 s) ...", flush=True)
+        job = prepare_molt_job(cfg, run_dir)
+        if job.molt_messages.strip():
+            print(f"Molt's validation said:\n{job.molt_messages.rstrip()}")
+        for warning in job.warnings:
+            print(f"WARNING: a real launch needs: {warning}")
+        print(f"Molt command ({run_dir / 'launch' / 'molt_command.sh'}):\n{job.command.shell()}")
+        if cfg.dry_run:
+            print("dry_run=true: not starting Ray.")
+            return
+        ray_nodes.run(allocation, settings, gpu_node, run_dir, lambda cluster_env: run_molt_job(job, extra_env=cluster_env))
 
 
 class RefusedJob(CompactHydraException):

@@ -42,7 +42,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from molt_flashreinforce import metrics
-from molt_flashreinforce.cluster.ray_nodes import NodeResources
+from molt_flashreinforce.cluster.ray_nodes import ClusterSettings, NodeResources
 from molt_flashreinforce.cluster.slurm import Allocation
 from molt_flashreinforce.rehearsal.standins import LOOPBACK
 from molt_flashreinforce.launch import model_context
@@ -285,10 +285,7 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path, allocation: Allocation | None 
     """Rehearse the job (None under dry_run=true, which stops after validation, and on the nodes of a
     multi-node allocation that join the first node's cluster)."""
     from molt_flashreinforce.cluster import ray_nodes
-    from molt_flashreinforce.launch.job import LOG_NAME, latest_checkpoint, prepare_molt_job, run_molt_job
     from molt_flashreinforce.rehearsal import gpu
-    from molt_flashreinforce.rehearsal.data import prepare_rehearsal_data
-    from molt_flashreinforce.rehearsal.tiny_model import build_tiny_model
 
     on_gpus = cfg.rehearsal.mode == "gpu"
     if on_gpus and allocation is not None:
@@ -308,6 +305,20 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path, allocation: Allocation | None 
     if allocation is not None and not allocation.is_head:
         ray_nodes.join(allocation, settings, REHEARSAL_NODE, run_dir)
         return None
+    with ray_nodes.heading(allocation, run_dir):
+        return _rehearse(cfg, run_dir, allocation, settings, spread)
+
+
+def _rehearse(cfg: DictConfig, run_dir: Path, allocation: Allocation | None, settings: ClusterSettings,
+              spread: Layout) -> Summary | None:
+    """The head's part: model, data, validation, then Molt through the cluster code."""
+    from molt_flashreinforce.cluster import ray_nodes
+    from molt_flashreinforce.launch.job import LOG_NAME, latest_checkpoint, prepare_molt_job, run_molt_job
+    from molt_flashreinforce.rehearsal import gpu
+    from molt_flashreinforce.rehearsal.data import prepare_rehearsal_data
+    from molt_flashreinforce.rehearsal.tiny_model import build_tiny_model
+
+    on_gpus = cfg.rehearsal.mode == "gpu"
     work = run_dir / WORK_SUBDIR
     work.mkdir(parents=True, exist_ok=True)
     steps_file = work / STEP_FILE
