@@ -36,7 +36,8 @@ DRIVER = textwrap.dedent(
         from molt_flashreinforce.plugin import register
         register()
     # mode "env_hook": RAY_RUNTIME_ENV_HOOK is set in the environment; this is Molt's own ray.init call.
-    ray.init(runtime_env=runtime_env, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # address="local": a Ray of its own, never the cluster a finished job's address file still names
+    ray.init(address="local", runtime_env=runtime_env, num_cpus=2, include_dashboard=False, log_to_driver=False)
 
     @ray.remote(num_cpus=1)
     class Probe:
