@@ -14,7 +14,6 @@ import ctypes
 import os
 import signal
 import sys
-import time
 
 import psutil
 
@@ -74,11 +73,3 @@ def _reap() -> None:
         if pid == 0:
             return
 
-
-def wait_until(predicate, timeout_s: float, interval_s: float = 1.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()

@@ -42,7 +42,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from molt_flashreinforce import metrics
-from molt_flashreinforce.cluster.ray_nodes import ClusterSettings, NodeResources
+from molt_flashreinforce.cluster import ray_nodes
 from molt_flashreinforce.cluster.slurm import Allocation
 from molt_flashreinforce.rehearsal.standins import LOOPBACK
 from molt_flashreinforce.launch import model_context
@@ -57,8 +57,9 @@ RAY_CPUS = 8  # logical, per Ray node: one per actor Molt starts, all sharing th
 # Each node of a multi-node rehearsal: logical CPUs and one logical GPU, servers on the loopback.
 # Its nodes share one host, so only the head runs a log monitor (each would stream every log of
 # the host to the driver, and Molt's output would arrive once per node).
-REHEARSAL_NODE = NodeResources(num_cpus=RAY_CPUS, num_gpus=1, extra_args=(f"--node-ip-address={LOOPBACK}",),
-                               head_args=("--include-dashboard=false",), worker_args=("--include-log-monitor=false",))
+REHEARSAL_NODE = ray_nodes.NodeResources(
+    num_cpus=RAY_CPUS, num_gpus=1, extra_args=(f"--node-ip-address={LOOPBACK}",),
+    head_args=("--include-dashboard=false",), worker_args=("--include-log-monitor=false",))
 _WEIGHT_CHECK = re.compile(r"\[check_weight_update\] (.+)")
 
 
@@ -284,7 +285,6 @@ def _prepare_standin_launch(job, spread: Layout) -> str:
 def run_rehearsal(cfg: DictConfig, run_dir: Path, allocation: Allocation | None = None) -> Summary | None:
     """Rehearse the job (None under dry_run=true, which stops after validation, and on the nodes of a
     multi-node allocation that join the first node's cluster)."""
-    from molt_flashreinforce.cluster import ray_nodes
     from molt_flashreinforce.rehearsal import gpu
 
     on_gpus = cfg.rehearsal.mode == "gpu"
@@ -309,10 +309,9 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path, allocation: Allocation | None 
         return _rehearse(cfg, run_dir, allocation, settings, spread)
 
 
-def _rehearse(cfg: DictConfig, run_dir: Path, allocation: Allocation | None, settings: ClusterSettings,
+def _rehearse(cfg: DictConfig, run_dir: Path, allocation: Allocation | None, settings: ray_nodes.ClusterSettings,
               spread: Layout) -> Summary | None:
     """The head's part: model, data, validation, then Molt through the cluster code."""
-    from molt_flashreinforce.cluster import ray_nodes
     from molt_flashreinforce.launch.job import LOG_NAME, latest_checkpoint, prepare_molt_job, run_molt_job
     from molt_flashreinforce.rehearsal import gpu
     from molt_flashreinforce.rehearsal.data import prepare_rehearsal_data
