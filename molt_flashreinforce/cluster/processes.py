@@ -6,6 +6,14 @@ re-parented here instead of to init, where neither SLURM's process tracking nor 
 it. `stop_descendants()` then ends them all: SIGTERM, a grace period, SIGKILL, and reaping.
 `terminate_on_sigterm()` turns SLURM's SIGTERM (scancel, preemption, the time limit) into an
 exception, so the task's `finally` blocks (logs, teardown) run before KillWait's SIGKILL.
+
+SLURM delivers a job's signals (scancel, preemption's SIGTERM, the `--signal` warning) to every
+process of the job step at once, and Ray's processes exit on SIGTERM (its core worker's handler)
+and on SIGUSR2 (the default action). `shielded` is the `preexec_fn` for what a task starts (the
+Ray nodes, Molt's driver): it blocks both signals in the child's signal mask, which every process
+below it inherits, so that only the task decides what a signal means (cluster.supervisor: a
+checkpoint at the next step boundary, then a requeue). The task's own teardown therefore stops
+them with SIGINT and, after a grace period, SIGKILL.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import sys
 import psutil
 
 _PR_SET_CHILD_SUBREAPER = 36
+SHIELDED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGUSR2})
 
 
 class Terminated(SystemExit):
@@ -40,18 +49,48 @@ def terminate_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def stop_descendants(grace_s: float = 10.0) -> list[str]:
-    """End every descendant of this process; the names of those that needed SIGKILL."""
-    me = psutil.Process()
-    children = me.children(recursive=True)
-    for child in children:
+def defer_signals() -> None:
+    """SIGTERM and SIGUSR2 leave this process running (a worker node's task: it stops when the head
+    does, and SLURM's KillWait SIGKILL still ends it)."""
+    def note(signum, frame):
+        print(f"{signal.Signals(signum).name} received: this node stops when the head does", flush=True)
+
+    for deferred in SHIELDED_SIGNALS:
+        signal.signal(deferred, note)
+
+
+def shielded() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED_SIGNALS)
+
+
+def _ask_to_stop(process: psutil.Process) -> None:
+    for polite in (signal.SIGTERM, signal.SIGINT):  # SIGINT for the shielded ones
         try:
-            child.terminate()
+            process.send_signal(polite)
         except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(children, timeout=grace_s)
-    # Orphans re-parented to us while the others stopped are descendants too.
-    alive = [*alive, *(p for p in me.children(recursive=True) if p not in alive)]
+            return
+
+
+def _tree(root: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop_tree(pid: int, grace_s: float = 10.0) -> None:
+    """End a process and everything below it (SIGINT/SIGTERM, then SIGKILL after `grace_s`)."""
+    try:
+        processes = _tree(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return
+    _stop_all(processes, grace_s)
+
+
+def _stop_all(processes: list[psutil.Process], grace_s: float) -> list[str]:
+    for process in processes:
+        _ask_to_stop(process)
+    _, alive = psutil.wait_procs(processes, timeout=grace_s)
     killed = []
     for process in alive:
         try:
@@ -60,6 +99,20 @@ def stop_descendants(grace_s: float = 10.0) -> list[str]:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=5)
+    return killed
+
+
+def stop_descendants(grace_s: float = 10.0, spare: tuple[int, ...] = ()) -> list[str]:
+    """End every descendant of this process except the trees of `spare`; the names of those
+    that needed SIGKILL."""
+    me = psutil.Process()
+    spared = {p.pid for pid in spare if psutil.pid_exists(pid) for p in _tree(psutil.Process(pid))}
+
+    def remaining() -> list[psutil.Process]:
+        return [p for p in me.children(recursive=True) if p.pid not in spared]
+
+    killed = _stop_all(remaining(), grace_s)
+    killed += _stop_all(remaining(), 1.0)  # orphans re-parented to us while the others stopped
     _reap()
     return killed
 

@@ -1,16 +1,19 @@
 """A Ray cluster over a multi-node SLURM allocation: one Ray node per SLURM node.
 
-    run(allocation, settings, resources, run_dir, job)    # job({}) without an allocation, else:
     lead(allocation, settings, resources, run_dir, job)   # on the allocation's first node, inside
     with heading(allocation, run_dir): ...                # which wraps all of the head task's work
     join(allocation, settings, resources, run_dir)        # on every other node
+    wait_for_nodes(...), request_stacks(...)              # the supervisor's, between attempts
 
 `lead` starts the Ray head, waits until every node of the allocation has joined (at most
 `settings.join_timeout_s`; past it, one line names the nodes that did not), calls
 `job(env)` with RAY_ADDRESS (and the token settings) in `env`, and stops the head when the job returns, fails or is cancelled.
 `join` waits for this job's head to be reachable (same timeout), refuses in one line when its
 Python or Ray differs from the head's, starts its Ray node, and stops it as soon as the head
-stops. Every node keeps its `ray start` output and its Ray session logs (which hold the Molt
+stops; a Ray node that dies while the head is up (a killed raylet) is started again, so that the
+supervisor (cluster.supervisor) can restart the run on the whole allocation. A worker leaves
+SLURM's signals to the head (it stops when the head does) and writes its processes' stacks when
+the head's stall watchdog asks. Every node keeps its `ray start` output and its Ray session logs (which hold the Molt
 actors' output on that node) in `<run_dir>/cluster/<job id>/<node>/`, and leaves no process of
 the run behind (`processes`). A job's exit status is the head's: the workers exit 0 when the
 head stops.
@@ -45,13 +48,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from molt_flashreinforce.cluster import processes
+from molt_flashreinforce.cluster import processes, stacks
 from molt_flashreinforce.cluster.errors import ClusterError
 from molt_flashreinforce.cluster.slurm import Allocation
 
 NODE_RESOURCE = "molt_flashreinforce_node:"
 CLUSTER_SUBDIR = "cluster"
 HEAD_RECORD = "head.json"
+STACKS_REQUEST = "stacks_request.json"
 TOKEN_NAME = "auth_token"
 POLL_S = 2.0
 # The head counts as gone after this many failed connections in a row (a busy GCS may miss one).
@@ -88,7 +92,7 @@ def versions() -> dict[str, str]:
 
 
 def cluster_dir(run_dir: Path, allocation: Allocation) -> Path:
-    return run_dir / CLUSTER_SUBDIR / allocation.job_id
+    return run_dir / CLUSTER_SUBDIR / allocation.run_id
 
 
 def _ray_start(allocation: Allocation, settings: ClusterSettings, resources: NodeResources) -> list[str]:
@@ -132,22 +136,32 @@ def _reachable(host: str, port: int) -> bool:
         return False
 
 
+_ANSWER_MARK = "molt_flashreinforce_live_nodes="
 _PROBE = """
 import json, ray
 ray.init(address={address!r}, log_to_driver=False, logging_level="ERROR")
 names = [key[len({prefix!r}):] for node in ray.nodes() if node["Alive"] for key in node["Resources"]
          if key.startswith({prefix!r})]
-print(json.dumps(names))
+print({mark!r} + json.dumps(names), flush=True)
 """
 
 
 def _live_nodes(address: str, where: Path) -> set[str] | None:
-    """The SLURM names of the cluster's live nodes (None: the head did not answer)."""
-    done = subprocess.run([sys.executable, "-c", _PROBE.format(address=address, prefix=NODE_RESOURCE)],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, **_auth_env(where)})
-    lines = done.stdout.strip().splitlines()
-    return set(json.loads(lines[-1])) if done.returncode == 0 and lines else None
+    """The SLURM names of the cluster's live nodes (None: the head did not answer, or not clearly)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE.format(address=address, prefix=NODE_RESOURCE, mark=_ANSWER_MARK)],
+                              capture_output=True, text=True, timeout=120, check=False,
+                              env={**os.environ, **_auth_env(where)})
+    except subprocess.TimeoutExpired:
+        return None
+    # Ray may print on stdout too (a busy GCS's warnings): only our marked line is the answer.
+    answers = [line[len(_ANSWER_MARK):] for line in done.stdout.splitlines() if line.startswith(_ANSWER_MARK)]
+    if done.returncode != 0 or not answers:
+        return None
+    try:
+        return set(json.loads(answers[-1]))
+    except ValueError:
+        return None
 
 
 def _write_record(record: Path, **fields) -> None:
@@ -170,18 +184,13 @@ def _start(argv: list[str], where: Path, node: str) -> subprocess.Popen:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **_node_env(where)})
+                                env={**os.environ, **_node_env(where)}, preexec_fn=processes.shielded)
 
 
 def _stop(node: subprocess.Popen) -> None:
-    """SIGTERM to `ray start --block` ends every Ray process it started on this node."""
-    if node.poll() is None:
-        node.terminate()
-        try:
-            node.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            node.kill()
-            node.wait()
+    """`ray start --block` and every Ray process it started on this node."""
+    processes.stop_tree(node.pid, grace_s=20)
+    node.wait()
 
 
 def _keep_logs(node_dir: Path) -> None:
@@ -192,13 +201,13 @@ def _keep_logs(node_dir: Path) -> None:
                         ignore=lambda folder, names: [n for n in names if Path(folder, n).is_socket()])
 
 
-def _wait_for_nodes(allocation: Allocation, settings: ClusterSettings, head: subprocess.Popen, where: Path) -> None:
+def _wait_for_nodes(allocation: Allocation, settings: ClusterSettings, head: subprocess.Popen | None, where: Path) -> None:
     """Block until every node of the allocation is a live Ray node."""
     address = f"{allocation.head_address}:{settings.ray_port}"
     deadline = time.monotonic() + settings.join_timeout_s
     joined: set[str] = set()
     while True:
-        if head.poll() is not None:
+        if head is not None and head.poll() is not None:
             raise ClusterError(f"the Ray head on {allocation.this_node} exited with status {head.returncode} before "
                                f"the cluster formed; its output is in {where / allocation.this_node / 'ray_start.log'}")
         refusals = sorted(where.glob("*.error"))
@@ -218,13 +227,14 @@ def _wait_for_nodes(allocation: Allocation, settings: ClusterSettings, head: sub
         time.sleep(POLL_S)
 
 
-def run(allocation: Allocation | None, settings: ClusterSettings, resources: NodeResources, run_dir: Path,
-        job: Callable[[dict[str, str]], None]) -> None:
-    """`job({})` without a multi-node allocation (Molt starts its own Ray), else `lead` it."""
-    if allocation is None:
-        job({})
-    else:
-        lead(allocation, settings, resources, run_dir, job)
+def wait_for_nodes(allocation: Allocation, settings: ClusterSettings, run_dir: Path) -> None:
+    """On the head, between attempts: every node live again (one that lost its Ray node rejoins)."""
+    _wait_for_nodes(allocation, settings, None, cluster_dir(run_dir, allocation))
+
+
+def request_stacks(allocation: Allocation, run_dir: Path, out_dir: Path) -> None:
+    """Ask every worker node to write its processes' Python stacks into `out_dir/<node>/`."""
+    _write_record(cluster_dir(run_dir, allocation) / STACKS_REQUEST, out_dir=str(out_dir))
 
 
 @contextlib.contextmanager
@@ -236,7 +246,7 @@ def heading(allocation: Allocation | None, run_dir: Path) -> Iterator[None]:
     except BaseException:
         if allocation is not None and allocation.is_head:
             record = cluster_dir(run_dir, allocation) / HEAD_RECORD
-            fields = _read_record(record, allocation.job_id) or {"job_id": allocation.job_id, "node": allocation.this_node}
+            fields = _read_record(record, allocation.run_id) or {"job_id": allocation.run_id, "node": allocation.this_node}
             _write_record(record, **{**fields, "state": "stopped"})
         raise
 
@@ -248,7 +258,7 @@ def lead(allocation: Allocation, settings: ClusterSettings, resources: NodeResou
     where = cluster_dir(run_dir, allocation)
     record = where / HEAD_RECORD
     address = f"{allocation.head_address}:{settings.ray_port}"
-    fields = {"job_id": allocation.job_id, "address": address, "node": allocation.this_node, **versions()}
+    fields = {"job_id": allocation.run_id, "address": address, "node": allocation.this_node, **versions()}
     _write_token(where)
     _write_record(record, **fields, state="starting")
     head = _start(_ray_start(allocation, settings, resources), where, allocation.this_node)
@@ -267,7 +277,7 @@ def lead(allocation: Allocation, settings: ClusterSettings, resources: NodeResou
 def _wait_for_head(allocation: Allocation, settings: ClusterSettings, record: Path) -> dict:
     deadline = time.monotonic() + settings.join_timeout_s
     while True:
-        head = _read_record(record, allocation.job_id)
+        head = _read_record(record, allocation.run_id)
         if head is not None and head["state"] == "stopped":
             raise ClusterError(f"the Ray head on {allocation.nodes[0]} stopped before {allocation.this_node} joined")
         if head is not None and _reachable(allocation.head_address, settings.ray_port):
@@ -292,7 +302,7 @@ def _version_problem(allocation: Allocation, head: dict) -> str | None:
 
 def join(allocation: Allocation, settings: ClusterSettings, resources: NodeResources, run_dir: Path) -> None:
     processes.become_subreaper()
-    processes.terminate_on_sigterm()
+    processes.defer_signals()  # the head decides what SLURM's signals mean; this node stops when it does
     where = cluster_dir(run_dir, allocation)
     try:
         _serve_as_worker(allocation, settings, resources, where)
@@ -302,29 +312,54 @@ def join(allocation: Allocation, settings: ClusterSettings, resources: NodeResou
         raise
 
 
+def _head_stopped(record: Path, allocation: Allocation) -> bool:
+    head = _read_record(record, allocation.run_id)
+    return head is not None and head["state"] == "stopped"
+
+
 def _serve_as_worker(allocation: Allocation, settings: ClusterSettings, resources: NodeResources, where: Path) -> None:
     record = where / HEAD_RECORD
     head = _wait_for_head(allocation, settings, record)
     problem = _version_problem(allocation, head)
     if problem:
         raise ClusterError(problem)
-    node = _start(_ray_start(allocation, settings, resources), where, allocation.this_node)
     lost = 0
+    stacks_seen = None
+    node = _start(_ray_start(allocation, settings, resources), where, allocation.this_node)
     try:
-        while node.poll() is None:
-            head = _read_record(record, allocation.job_id)
+        while True:
+            if node.poll() is not None:
+                if _head_stopped(record, allocation):
+                    return
+                if not _reachable(allocation.head_address, settings.ray_port):
+                    raise ClusterError(f"the Ray node on {allocation.this_node} exited with status {node.returncode} "
+                                       f"and the head is out of reach; its output is in "
+                                       f"{where / allocation.this_node / 'ray_start.log'}")
+                # This node's Ray died (its raylet was killed, it ran out of memory) while the run goes
+                # on: a fresh node joins, and the head's supervisor restarts Molt once it is back.
+                print(f"{allocation.this_node}: the Ray node exited with status {node.returncode}; joining again",
+                      flush=True)
+                _keep_logs(where / allocation.this_node)
+                node = _start(_ray_start(allocation, settings, resources), where, allocation.this_node)
             lost = 0 if _reachable(allocation.head_address, settings.ray_port) else lost + 1
-            if (head is not None and head["state"] == "stopped") or lost >= HEAD_LOST_AFTER:
+            if _head_stopped(record, allocation) or lost >= HEAD_LOST_AFTER:
                 return
+            stacks_request = _stacks_request(where)
+            if stacks_request and stacks_request != stacks_seen:
+                stacks_seen = stacks_request
+                stacks.dump_descendants(Path(stacks_request) / allocation.this_node)
             time.sleep(POLL_S)
-        head = _read_record(record, allocation.job_id)
-        if head is None or head["state"] != "stopped":
-            raise ClusterError(f"the Ray node on {allocation.this_node} exited with status {node.returncode}; its "
-                               f"output is in {where / allocation.this_node / 'ray_start.log'}")
     finally:
         _stop(node)
         _keep_logs(where / allocation.this_node)
         processes.stop_descendants()
+
+
+def _stacks_request(where: Path) -> str | None:
+    try:
+        return json.loads((where / STACKS_REQUEST).read_text())["out_dir"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _session_dir_of(ray_start_log: Path) -> str | None:

@@ -6,6 +6,9 @@ it starts the Ray head and runs the job; the others join its cluster. Node names
 SLURM's own `scontrol show hostnames`, and the head's address is the first node's `NodeAddr`
 (its hostname on most clusters; an IP where `slurm.conf` sets one), so the workers reach it
 whatever the node list looks like.
+
+`job_id`, `restart_count`, `job_state` and `requeue` are what the supervisor asks SLURM when a
+signal arrives (cluster.supervisor).
 """
 
 from __future__ import annotations
@@ -21,10 +24,16 @@ class Allocation:
     nodes: tuple[str, ...]  # in SLURM's order; nodes[0] leads
     this_node: str
     head_address: str  # the first node's NodeAddr
+    restart: int = 0  # times SLURM requeued the job before this run of it
 
     @property
     def is_head(self) -> bool:
         return self.this_node == self.nodes[0]
+
+    @property
+    def run_id(self) -> str:
+        """This run of the job: a requeued job keeps its id, but its cluster is a new one."""
+        return self.job_id if self.restart == 0 else f"{self.job_id}-requeue{self.restart}"
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -56,4 +65,27 @@ def allocation(
     names = tuple(expand(environ["SLURM_JOB_NODELIST"]))
     this_node = environ.get("SLURMD_NODENAME") or names[int(environ.get("SLURM_NODEID", "0"))]
     return Allocation(job_id=environ.get("SLURM_JOB_ID", "0"), nodes=names, this_node=this_node,
-                      head_address=address_of(names[0]))
+                      head_address=address_of(names[0]), restart=restart_count(environ))
+
+
+def job_id(environ: Mapping[str, str]) -> str | None:
+    """This task's SLURM job (None outside SLURM)."""
+    return environ.get("SLURM_JOB_ID") if "SLURM_PROCID" in environ else None
+
+
+def restart_count(environ: Mapping[str, str]) -> int:
+    """How many times SLURM has requeued this job so far."""
+    return int(environ.get("SLURM_RESTART_COUNT", "0"))
+
+
+def job_state(job: str) -> str | None:
+    """`JobState` as slurmctld says now (CANCELLED while a scancel'd job is still ending)."""
+    done = subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True, text=True, check=False)
+    fields = dict(field.partition("=")[::2] for field in done.stdout.split())
+    return fields.get("JobState")
+
+
+def requeue(job: str) -> None:
+    """Put the job back in the queue; SLURM then ends this run of it (every task) and starts it
+    again later, with the same job id, on whatever nodes it gets."""
+    subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=True)

@@ -91,7 +91,7 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
         return
 
     from molt_flashreinforce.cluster import ray_nodes
-    from molt_flashreinforce.launch.job import prepare_molt_job, run_molt_job
+    from molt_flashreinforce.launch.job import prepare_molt_job, run_supervised
 
     allocation = allocation_of(cfg)
     settings = ray_nodes.ClusterSettings.from_node(cfg.cluster)
@@ -110,7 +110,9 @@ def run(cfg: DictConfig, run_dir: Path) -> None:
         if cfg.dry_run:
             print("dry_run=true: not starting Ray.")
             return
-        ray_nodes.run(allocation, settings, gpu_node, run_dir, lambda cluster_env: run_molt_job(job, extra_env=cluster_env))
+        restarts = run_supervised(job, cfg, allocation, gpu_node)
+        print(f"Molt finished{f' after {restarts} restart(s)' if restarts else ''}; attempts in "
+              f"{run_dir / 'launch' / 'attempts.json'}")
 
 
 class RefusedJob(CompactHydraException):

@@ -3,11 +3,15 @@
 `prepare_molt_job(cfg, run_dir)` does everything except starting Ray: checks the config,
 renders the flags, lists missing resources, parses and validates the flags with Molt's own
 parser and checks, builds the PolicyLoss the GPU actors will build, and writes the run records.
-`run_molt_job(job)` then runs `molt_main` in a child process, so Ray and CUDA state never outlive
-the job, with its output copied to `<run_dir>/molt.log` and where its actors ran in
-`<run_dir>/launch/actors_by_node.json`; a failed run raises and keeps its log.
+`start_molt_job(job)` then starts `molt_main` in a child process, so Ray and CUDA state never
+outlive an attempt, with its output copied to `<run_dir>/molt.log` and where its actors ran in
+`<run_dir>/launch/actors_by_node.json`; `run_molt_job(job)` waits for it and raises (keeping the
+log) when it fails. `run_supervised(job, cfg, allocation, resources)` is how a launch runs it: on
+the node(s) of the allocation (`cluster.ray_nodes`), one attempt after another under
+`cluster.supervisor` (restarts, stall watchdog, checkpoint and requeue on SLURM's signals).
 
-Rerunning in a run directory that holds a complete Molt checkpoint adds `--ckpt.load_enable`.
+An attempt in a run directory that holds a complete Molt checkpoint gets `--ckpt.load_enable`
+(a rerun, a restart, a requeued job), and every attempt continues the run's one W&B run.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +30,11 @@ from omegaconf import DictConfig
 
 from molt_flashreinforce.launch import checks
 from molt_flashreinforce.launch.errors import LaunchError
-from molt_flashreinforce.launch.records import write_records
+from molt_flashreinforce.launch.records import wandb_resume_env, write_records
 from molt_flashreinforce.launch.render import CHECKPOINT_SUBDIR, MOLT_ENTRY_MODULE, MoltCommand, render_command
 
 LOG_NAME = "molt.log"
+LOAD_FLAG = "--ckpt.load_enable"
 ACTOR_MAP_NAME = "actors_by_node.json"  # under <run_dir>/launch/, written by molt_main
 # Stands in for secrets read from the environment at launch (W&B key) when a dry run validates.
 _DRY_RUN_SECRET = "dry-run-placeholder"
@@ -84,20 +91,72 @@ def prepare_molt_job(cfg: DictConfig, run_dir: Path) -> MoltJob:
     return MoltJob(run_dir=run_dir, command=command, warnings=problems, molt_messages=messages.getvalue())
 
 
-def run_molt_job(job: MoltJob, extra_env: dict[str, str] | None = None, module: str = MOLT_ENTRY_MODULE) -> None:
-    """Run `module` (Molt's entry point; the CPU rehearsal passes its driver) on the job's flags."""
+def checkpoint_step(run_dir: Path) -> int:
+    """The global step of the newest complete checkpoint (0 without one)."""
+    latest = latest_checkpoint(run_dir)
+    found = re.search(r"(\d+)$", latest.name) if latest else None
+    return int(found.group(1)) if found else 0
+
+
+class MoltProcess:
+    """One attempt of Molt's driver, its output copied line by line to stdout and the run's log."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        from molt_flashreinforce.cluster.processes import shielded
+
+        self.log_path = log_path
+        self._process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                         preexec_fn=shielded)
+        self.pid = self._process.pid
+        self._copier = threading.Thread(target=self._copy, daemon=True)
+        self._copier.start()
+
+    def _copy(self) -> None:
+        with self.log_path.open("a", encoding="utf-8") as log:
+            for line in self._process.stdout:
+                sys.stdout.write(line)
+                log.write(line)
+                log.flush()
+
+    def poll(self) -> int | None:
+        return self._process.poll()
+
+    def wait(self) -> int:
+        code = self._process.wait()
+        self._copier.join()
+        return code
+
+
+def start_molt_job(job: MoltJob, extra_env: dict[str, str] | None = None,
+                   module: str = MOLT_ENTRY_MODULE) -> MoltProcess:
+    """Start `module` (Molt's entry point; the CPU rehearsal passes its driver) on the job's flags."""
     from molt_flashreinforce.launch.molt_main import ACTOR_MAP_VARIABLE
 
     placed = job.run_dir / "launch" / ACTOR_MAP_NAME
     placed.unlink(missing_ok=True)  # an earlier attempt's map must not pass for this one's
-    env = {**os.environ, **job.command.env, **(extra_env or {}), ACTOR_MAP_VARIABLE: str(placed)}
-    argv = [sys.executable, "-u", "-m", module, *job.command.argv()]
-    log_path = job.run_dir / LOG_NAME
-    with log_path.open("a", encoding="utf-8") as log:
-        process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for line in process.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-        code = process.wait()
+    argv = job.command.argv()
+    if LOAD_FLAG not in argv and latest_checkpoint(job.run_dir) is not None:
+        argv.append(LOAD_FLAG)  # a checkpoint written since the job was prepared: a restart resumes
+    env = {**os.environ, **job.command.env, **wandb_resume_env(job.run_dir), **(extra_env or {}),
+           ACTOR_MAP_VARIABLE: str(placed)}
+    return MoltProcess([sys.executable, "-u", "-m", module, *argv], env, job.run_dir / LOG_NAME)
+
+
+def run_molt_job(job: MoltJob, extra_env: dict[str, str] | None = None, module: str = MOLT_ENTRY_MODULE) -> None:
+    """One attempt, to its end; a failure raises."""
+    process = start_molt_job(job, extra_env, module)
+    code = process.wait()
     if code != 0:
-        raise RuntimeError(f"Molt exited with status {code}; its output is in {log_path}")
+        raise RuntimeError(f"Molt exited with status {code}; its output is in {process.log_path}")
+
+
+def run_supervised(job: MoltJob, cfg: DictConfig, allocation, resources, module: str = MOLT_ENTRY_MODULE) -> int:
+    """Run the job on the allocation's nodes (None: this machine) under the supervisor; the number
+    of restarts it took."""
+    from molt_flashreinforce.cluster import ray_nodes, supervisor
+
+    return supervisor.run(
+        allocation, ray_nodes.ClusterSettings.from_node(cfg.cluster), resources,
+        supervisor.Resilience.from_node(cfg.resilience), job.run_dir,
+        start=lambda env: start_molt_job(job, extra_env=env, module=module),
+        checkpoint_step=lambda: checkpoint_step(job.run_dir))

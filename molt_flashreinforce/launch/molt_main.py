@@ -6,7 +6,9 @@ Runs Molt's own parser, validation and `train(args)` unchanged (see `molt_cli`),
 combination fails here, and it starts Ray itself with our worker setup hook, so every Ray worker
 registers the plugin and installs the policy-lag probe before it loads an actor.
 
-When MOLT_FLASHREINFORCE_ACTOR_MAP names a file, it receives, right after `train(args)`, which
+While `train(args)` runs, `cluster.actor_watch` ends this process within seconds of any of the
+run's actors or nodes dying (Molt itself would go on dropping rollouts for minutes), naming what
+died. When MOLT_FLASHREINFORCE_ACTOR_MAP names a file, it receives, right after `train(args)`, which
 node hosted which of Molt's actors (`cluster.actor_map`).
 
 Environment variables named in MOLT_FLASHREINFORCE_WORKER_ENV (comma-separated, e.g.
@@ -20,17 +22,21 @@ import os
 import sys
 from pathlib import Path
 
-from molt_flashreinforce.cluster import actor_map
+from molt_flashreinforce.cluster import actor_map, actor_watch
 from molt_flashreinforce.launch.render import WORKER_ENV_VARIABLE
+from molt_flashreinforce.plugin.progress import PROGRESS_DIR_VARIABLE
 
 ACTOR_MAP_VARIABLE = "MOLT_FLASHREINFORCE_ACTOR_MAP"
+# What the supervisor (cluster.supervisor) sets for an attempt, which the workers need too: where
+# they report progress, and the W&B run that every attempt continues.
+SUPERVISOR_ENV = (PROGRESS_DIR_VARIABLE, "WANDB_RUN_ID", "WANDB_RESUME")
 
 
 def worker_env_vars(environ: dict[str, str]) -> dict[str, str]:
     from molt.cli.train_rl_ray import _ray_runtime_env_vars
 
     env_vars = _ray_runtime_env_vars()
-    for name in filter(None, environ.get(WORKER_ENV_VARIABLE, "").split(",")):
+    for name in [*filter(None, environ.get(WORKER_ENV_VARIABLE, "").split(",")), *SUPERVISOR_ENV]:
         if environ.get(name):
             env_vars[name] = environ[name]
     return env_vars
@@ -41,7 +47,7 @@ def main(argv: list[str] | None = None, *, setup_hook: str | None = None, ray_op
 
     The CPU rehearsal passes its own hook (stand-ins, then the plugin's) and Ray options."""
     from molt_flashreinforce.launch.molt_cli import parse_and_validate
-    from molt_flashreinforce.plugin import SETUP_HOOK, lag_bound, policy_lag, policy_loss_from_args
+    from molt_flashreinforce.plugin import SETUP_HOOK, lag_bound, policy_lag, policy_loss_from_args, progress
     from molt_flashreinforce.plugin.compat import check_molt_version
 
     check_molt_version()
@@ -49,6 +55,7 @@ def main(argv: list[str] | None = None, *, setup_hook: str | None = None, ray_op
     policy_loss_from_args(args)
     policy_lag.install()  # before train() ships Molt's actor classes to their workers
     lag_bound.install()
+    progress.install()
 
     import ray
     from molt.cli.train_rl_ray import train
@@ -60,8 +67,10 @@ def main(argv: list[str] | None = None, *, setup_hook: str | None = None, ray_op
     # finished job's stale one, or another user's `ray start`).
     ray.init(address=os.environ.get("RAY_ADDRESS", "local"),
              runtime_env={"env_vars": env_vars, "worker_process_setup_hook": setup_hook or SETUP_HOOK}, **options)
+    watch = actor_watch.start(os.environ.get(PROGRESS_DIR_VARIABLE))
     try:
         train(args)
+        watch.stop()
         if os.environ.get(ACTOR_MAP_VARIABLE):
             actor_map.write(Path(os.environ[ACTOR_MAP_VARIABLE]))
     finally:

@@ -6,6 +6,8 @@
     versions.json      Python, molt-rl, molt-flashreinforce and the main libraries
     git.json           commit and dirty flag of the working tree the launch ran from
     warnings.txt       what a real launch would still need (dry runs)
+    wandb_run_id       the run's W&B id: every attempt (restart, requeue, rerun) continues that run
+    attempts.json      each attempt: start, end, cause, the step it resumed from (cluster.supervisor)
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import secrets
 import subprocess
 import sys
 from importlib import metadata
@@ -24,6 +27,7 @@ from molt_flashreinforce.launch.render import MoltCommand
 
 RECORDS_SUBDIR = "launch"
 RESOLVED_CONFIG = "config.yaml"  # also read by the report (report/placement.py)
+WANDB_ID_FILE = "wandb_run_id"
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH")
 _VERSIONED_PACKAGES = (
     "molt-rl",
@@ -88,3 +92,13 @@ def write_records(run_dir: Path, cfg: DictConfig, command: MoltCommand | None, w
     (records / "git.json").write_text(json.dumps(git_state(package_dir), indent=1) + "\n", encoding="utf-8")
     (records / "warnings.txt").write_text("".join(f"{line}\n" for line in warnings), encoding="utf-8")
     return records
+
+
+def wandb_resume_env(run_dir: Path) -> dict[str, str]:
+    """WANDB_RUN_ID and WANDB_RESUME for Molt's `wandb.init` (Molt 0.2.1 has no flag for an id; wandb
+    reads both from the environment): the id is made once per run directory and kept in its records."""
+    path = run_dir / RECORDS_SUBDIR / WANDB_ID_FILE
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_hex(4) + "\n")
+    return {"WANDB_RUN_ID": path.read_text().strip(), "WANDB_RESUME": "allow"}

@@ -10,7 +10,7 @@ value and the fix; `launch/app.py` prints it once on stderr and exits with statu
   groups) and turns Hydra's composition errors into "did you mean ...?" lines: an unknown key gets
   the closest existing keys (Hydra itself would advise adding it with `+`), an unknown group option
   the closest options. Errors it does not recognise are left to Hydra, so nothing is lost.
-* `validate` checks the backend, the rehearsal and `cluster.*` settings, the seed, the `algo` node's
+* `validate` checks the backend, the rehearsal, `cluster.*` and `resilience.*` settings, the seed, the `algo` node's
   types and choices (`algo.max_policy_lag` included), then the backend's
   own settings: `local.*` through `LocalConfig` (backend=local), the Molt launch checks
   (`checks.check_config`, backend=molt).
@@ -260,6 +260,11 @@ def _check_rehearsal(cfg: DictConfig) -> None:
     for key, fix in (("steps", "e.g. rehearsal.steps=4"), ("trajectories_per_step", "e.g. rehearsal.trajectories_per_step=8"),
                      ("max_new_tokens", "e.g. rehearsal.max_new_tokens=24"), ("max_turns", "e.g. rehearsal.max_turns=3")):
         _integer(f"rehearsal.{key}", rehearsal[key], 1, fix)
+    if rehearsal.save_steps is not None:
+        _integer("rehearsal.save_steps", rehearsal.save_steps, 1, "e.g. rehearsal.save_steps=2 (null: at the end only)")
+    for key in ("stall_timeout_s", "startup_timeout_s", "checkpoint_wait_s"):
+        if not 0 < _number(f"rehearsal.{key}", rehearsal[key], f"e.g. rehearsal.{key}=300") < math.inf:
+            raise LaunchError(f"rehearsal.{key}={rehearsal[key]} must be a positive number of seconds, e.g. rehearsal.{key}=300")
 
 
 def _check_cluster(cluster: DictConfig) -> None:
@@ -272,11 +277,22 @@ def _check_cluster(cluster: DictConfig) -> None:
                           "e.g. cluster.join_timeout_s=600")
 
 
+def _check_resilience(resilience: DictConfig) -> None:
+    _integer("resilience.max_restarts", resilience.max_restarts, 0, "e.g. resilience.max_restarts=3 (0: never restart)")
+    _integer("resilience.max_requeues", resilience.max_requeues, 0, "e.g. resilience.max_requeues=20 (0: never requeue)")
+    for key, example in (("stall_timeout_s", 1800), ("startup_timeout_s", 3600), ("checkpoint_wait_s", 600)):
+        value = _number(f"resilience.{key}", resilience[key], f"e.g. resilience.{key}={example}")
+        if not 0 < value < math.inf:
+            raise LaunchError(f"resilience.{key}={resilience[key]} must be a positive number of seconds, "
+                              f"e.g. resilience.{key}={example}")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise `LaunchError` for the first bad value of a composed config; return None when it is fine."""
     _choice("backend", cfg.backend, BACKENDS)
     _check_rehearsal(cfg)
     _check_cluster(cfg.cluster)
+    _check_resilience(cfg.resilience)
     _boolean("dry_run", cfg.dry_run)
     _integer("seed", cfg.seed, 0, "use a non-negative integer such as seed=0")
     _choice("algo.name", cfg.algo.name, ALGORITHMS)

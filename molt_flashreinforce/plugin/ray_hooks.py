@@ -4,7 +4,8 @@ Molt computes advantages in its `TrainingActor` and the loss in each `PolicyMode
 actors in processes of their own, so registering in the driver changes nothing there.
 
 * `setup_worker`: Ray's `worker_process_setup_hook`; every worker runs it at start-up, before it
-  deserialises an actor or a task. Our launcher passes it to `ray.init`.
+  deserialises an actor or a task. It registers the plugin and installs the policy-lag probe and
+  bound and the progress reports (plugin/progress.py). Our launcher passes it to `ray.init`.
 * `runtime_env_hook`: for `RAY_RUNTIME_ENV_HOOK=molt_flashreinforce.plugin.ray_hooks.runtime_env_hook`
   with the stock `python -m molt.cli.train_rl_ray`: Ray calls it inside Molt's own `ray.init` and it
   adds the setup hook to the job's runtime environment, and installs the policy-lag probe and
@@ -17,12 +18,13 @@ SETUP_HOOK = "molt_flashreinforce.plugin.ray_hooks.setup_worker"
 
 
 def setup_worker() -> None:
-    from molt_flashreinforce.plugin import lag_bound, policy_lag
+    from molt_flashreinforce.plugin import lag_bound, policy_lag, progress
     from molt_flashreinforce.plugin.registry import register
 
     register()
     policy_lag.install()
     lag_bound.install()  # wraps the probe's train_step: the board is told of a version after the probe's clock
+    progress.install()
 
 
 def runtime_env_hook(runtime_env: dict | None) -> dict:
@@ -34,8 +36,9 @@ def runtime_env_hook(runtime_env: dict | None) -> dict:
             f"{SETUP_HOOK} from your hook instead of using RAY_RUNTIME_ENV_HOOK."
         )
     runtime_env["worker_process_setup_hook"] = SETUP_HOOK
-    from molt_flashreinforce.plugin import lag_bound, policy_lag
+    from molt_flashreinforce.plugin import lag_bound, policy_lag, progress
 
     policy_lag.install()
     lag_bound.install()
+    progress.install()
     return runtime_env

@@ -82,6 +82,7 @@ class Summary:
     ray_nodes: int | None = None  # Ray nodes that hosted the run's actors
     actors_by_node: dict[str, dict[str, int]] = field(default_factory=dict)
     phases_s: dict[str, float] = field(default_factory=dict)
+    restarts: int = 0  # attempts the supervisor restarted after a crash or a stall (cluster.supervisor)
 
     def lines(self) -> list[str]:
         def fmt(value, digits=3):
@@ -90,7 +91,8 @@ class Summary:
         landed = sum("landed on every vLLM weight" in line for line in self.weight_checks)
         out = [
             f"rehearsal {self.experiment} algo={self.algo}: {self.steps} optimizer steps"
-            + (f" (resumed at step {self.resumed_from_step})" if self.resumed_from_step else ""),
+            + (f" (resumed at step {self.resumed_from_step})" if self.resumed_from_step else "")
+            + (f"; {self.restarts} restart(s), attempts in launch/attempts.json" if self.restarts else ""),
             f"  rollouts consumed {fmt(self.rollouts_consumed)}; policy lag mean {fmt(self.policy_lag_mean)} "
             f"max {fmt(self.policy_lag_max)}; trajectories spanning a refit {fmt(self.versions_mixed_fraction)}",
             f"  acceptance rate {fmt(self.acceptance_rate)}; reward mean {fmt(self.reward_mean)}; "
@@ -201,7 +203,10 @@ def rehearsal_overrides(cfg: DictConfig, model_dir: Path, data_dir: Path, total_
         "molt.train.num_episodes": 1,
         "molt.train.check_weight_update_equal": True,
         "molt.eval.n_samples_per_prompt": 1,
-        "molt.ckpt.save_steps": int(rehearsal.steps),
+        "molt.ckpt.save_steps": int(rehearsal.save_steps or rehearsal.steps),
+        "resilience.stall_timeout_s": float(rehearsal.stall_timeout_s),
+        "resilience.startup_timeout_s": float(rehearsal.startup_timeout_s),
+        "resilience.checkpoint_wait_s": float(rehearsal.checkpoint_wait_s),
         "molt.fsdp.attn_implementation": "sdpa",
         "molt.fsdp.packing_samples": False,
     }
@@ -217,7 +222,8 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phases: dict[str, float]) -> Summary:
+def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phases: dict[str, float],
+              restarts: int = 0) -> Summary:
     """The rehearsal's summary from its TensorBoard scalars (steps after `resumed_from`) and the
     part of Molt's output (`log`) this rehearsal wrote."""
     from molt_flashreinforce.cluster import actor_map
@@ -251,6 +257,7 @@ def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phase
         ray_nodes=len(placed) if placed else None,
         actors_by_node=placed or {},
         phases_s=phases,
+        restarts=restarts,
     )
 
 
@@ -306,13 +313,12 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path, allocation: Allocation | None 
         ray_nodes.join(allocation, settings, REHEARSAL_NODE, run_dir)
         return None
     with ray_nodes.heading(allocation, run_dir):
-        return _rehearse(cfg, run_dir, allocation, settings, spread)
+        return _rehearse(cfg, run_dir, allocation, spread)
 
 
-def _rehearse(cfg: DictConfig, run_dir: Path, allocation: Allocation | None, settings: ray_nodes.ClusterSettings,
-              spread: Layout) -> Summary | None:
+def _rehearse(cfg: DictConfig, run_dir: Path, allocation: Allocation | None, spread: Layout) -> Summary | None:
     """The head's part: model, data, validation, then Molt through the cluster code."""
-    from molt_flashreinforce.launch.job import LOG_NAME, latest_checkpoint, prepare_molt_job, run_molt_job
+    from molt_flashreinforce.launch.job import LOG_NAME, latest_checkpoint, prepare_molt_job, run_supervised
     from molt_flashreinforce.rehearsal import gpu
     from molt_flashreinforce.rehearsal.data import prepare_rehearsal_data
     from molt_flashreinforce.rehearsal.tiny_model import build_tiny_model
@@ -355,14 +361,13 @@ def _rehearse(cfg: DictConfig, run_dir: Path, allocation: Allocation | None, set
     log_path = run_dir / LOG_NAME
     log_start = log_path.stat().st_size if log_path.is_file() else 0  # a resumed run appends to it
     started = time.monotonic()
-    ray_nodes.run(allocation, settings, REHEARSAL_NODE, run_dir,
-                  lambda cluster_env: run_molt_job(job, extra_env=cluster_env, module=module))
+    restarts = run_supervised(job, rehearsed, allocation, REHEARSAL_NODE, module=module)
     phases["Molt (Ray start-up, actors, training, checkpoint)"] = time.monotonic() - started
     steps_file.write_text(json.dumps({"steps": total}))
 
     with log_path.open("rb") as log:
         log.seek(log_start)
         this_run = log.read().decode("utf-8", errors="replace")
-    summary = summarize(rehearsed, run_dir, done, this_run, phases)
+    summary = summarize(rehearsed, run_dir, done, this_run, phases, restarts)
     (work / SUMMARY_NAME).write_text(json.dumps(asdict(summary), indent=1))
     return summary

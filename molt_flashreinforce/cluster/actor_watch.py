@@ -1,0 +1,116 @@
+"""A dead actor or node ends the run within seconds, with one line naming it.
+
+Molt 0.2.1 does not notice a dead rollout engine: its agent runners drop every rollout sent to
+it ("dropping failed rollout") for minutes, until a refit finally raises `ActorDiedError`. A
+lost node is the same for each actor it hosted. `start(progress_dir)` runs a thread in Molt's
+driver process that reads Ray's GCS every `POLL_S` seconds; the first actor of this job found
+dead by something other than an orderly end (its worker process died, its node died, it ran
+out of memory, its constructor or runtime environment failed), or the first node that was alive and is no longer,
+makes it
+
+* print `molt-flashreinforce: <what> died on node <node> at step <step>: <cause>` on stderr,
+* write the same as `failure.json` into the progress directory (the supervisor's record), and
+* end the driver at once with `EXIT_STATUS` (Ray then ends the job's actors everywhere).
+
+`stop()` ends the watch before Molt tears its actors down itself. The step is the last one the
+trainer reported (plugin/progress.py), 0 before the first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+from molt_flashreinforce.cluster.actor_map import node_names
+
+POLL_S = 2.0
+EXIT_STATUS = 75  # the driver's status when the watch ended it
+FAILURE_FILE = "failure.json"
+# ActorDiedErrorContext reasons that mean a fault, not an end someone asked for (ray.kill, out of
+# scope) or the consequence of another death (its owner's), which is reported itself.
+FAULT_REASONS = {"WORKER_DIED": "its worker process died", "NODE_DIED": "its node died"}
+
+
+def actor_fault(actor: dict) -> str | None:
+    """Why a dead actor of the GCS actor table died, when that was a fault (None otherwise)."""
+    if actor.get("State") != "DEAD" or actor.get("DeathCause") is None:
+        return None
+    cause = actor["DeathCause"]
+    if cause.HasField("oom_context"):
+        return "it ran out of memory"
+    if cause.HasField("creation_task_failure_context"):
+        return "its constructor raised"
+    if cause.HasField("runtime_env_failed_context"):
+        return "its runtime environment could not be set up"
+    if not cause.HasField("actor_died_error_context"):
+        return None
+    context = cause.actor_died_error_context
+    reason = FAULT_REASONS.get(type(context).Reason.Name(context.reason))
+    return f"{reason} (pid {context.pid})" if reason else None
+
+
+def find_fault(actors: list[dict], nodes: list[dict], job_id: str, alive_before: set[str]) -> dict | None:
+    """The first fault among this job's actors and the nodes seen alive before, as a record."""
+    names = node_names(nodes)
+    for actor in actors:
+        if actor.get("JobID") != job_id:
+            continue
+        cause = actor_fault(actor)
+        if cause:
+            node_id = actor["Address"]["NodeID"]
+            return {"what": f"actor {actor['ActorClassName']}", "node": names.get(node_id, node_id), "cause": cause}
+    for node in nodes:
+        if node["NodeID"] in alive_before and not node["Alive"]:
+            return {"what": "Ray node", "node": names.get(node["NodeID"], node["NodeID"]),
+                    "cause": node.get("DeathReasonMessage") or "it stopped answering"}
+    return None
+
+
+def failure_line(fault: dict) -> str:
+    return f"molt-flashreinforce: {fault['what']} died on node {fault['node']} at step {fault['step']}: {fault['cause']}"
+
+
+class ActorWatch:
+    def __init__(self, progress_dir: Path | None) -> None:
+        self._progress_dir = progress_dir
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="molt-flashreinforce-actor-watch", daemon=True)
+
+    def _step(self) -> int:
+        from molt_flashreinforce.plugin.progress import STEP_FILE, read_json
+
+        record = read_json(self._progress_dir / STEP_FILE) if self._progress_dir else None
+        return int(record["step"]) if record else 0
+
+    def _run(self) -> None:
+        import ray
+        import ray._private.state as gcs_state  # the GCS tables; ray.util.state needs the dashboard
+
+        from molt_flashreinforce.plugin.progress import write_json
+
+        job_id = ray.get_runtime_context().get_job_id()
+        alive: set[str] = set()
+        while not self._stopped.wait(POLL_S):
+            nodes = ray.nodes()
+            fault = find_fault(list(gcs_state.actors().values()), nodes, job_id, alive)
+            alive |= {node["NodeID"] for node in nodes if node["Alive"]}
+            if fault is None or self._stopped.is_set():
+                continue
+            fault["step"] = self._step()
+            print(failure_line(fault), file=sys.stderr, flush=True)
+            if self._progress_dir is not None:
+                write_json(self._progress_dir / FAILURE_FILE, fault)
+            os._exit(EXIT_STATUS)  # not SystemExit: Molt's driver is blocked in ray.get in the main thread
+
+    def start(self) -> "ActorWatch":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+def start(progress_dir: str | None) -> ActorWatch:
+    return ActorWatch(Path(progress_dir) if progress_dir else None).start()

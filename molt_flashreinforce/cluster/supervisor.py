@@ -1,0 +1,284 @@
+"""A run that outlives its faults: restarts after a crash or a stall, a checkpoint and a requeue
+when SLURM asks the run to stop.
+
+    run(allocation, settings, resources, resilience, run_dir, start, checkpoint_step) -> restarts
+
+`run` is the one way a launch and a rehearsal run Molt: on this machine (allocation None), or as
+the head of a multi-node allocation (`ray_nodes.lead`), with `Supervisor` around the attempts.
+
+`start(env)` launches one attempt of Molt's driver (env: where the workers report progress,
+plugin/progress.py) and returns its process. While it runs, the supervisor watches:
+
+* **Crash.** The driver exits non-zero: an actor or node died (its one line comes from
+  `actor_watch`, which ends the driver within seconds), or Molt raised.
+* **Stall.** No optimizer step and no finished rollout for `stall_timeout_s` (before the
+  attempt's first report, `startup_timeout_s`, which covers model loading and the engines'
+  start). The Python stacks of every process of the run go to `<run_dir>/stacks/attempt-<n>/`
+  (`stacks`; `dump_elsewhere` asks the other nodes for theirs), then it is handled as a crash.
+* **A signal.** SIGUSR2 (SLURM's `--signal` warning before the time limit) or SIGTERM
+  (preemption; `scancel --signal=TERM`): the workers are asked for a checkpoint at the next step
+  boundary (plugin/progress.py), and the attempt is stopped once it is written, or after
+  `checkpoint_wait_s`, past which the last complete checkpoint is what the next attempt resumes
+  from. Under SLURM the run then asks to be requeued (`Requeue`; at most `max_requeues` times),
+  and the requeued job resumes in the same run directory. A SIGTERM of a job SLURM already
+  marks CANCELLED (a plain `scancel`) stops the run at once, with no checkpoint and no requeue.
+
+After a crash or a stall the attempt's processes are stopped (`before_restart` does the rest, e.g.
+wait for a lost node to rejoin) and a new attempt resumes from the last complete checkpoint, up to
+`max_restarts` times; one line says what happened and from which step it goes on. Every attempt
+is recorded in `<run_dir>/launch/attempts.json` (start, end, cause, the step it resumed from and
+the last step it reported), across requeues too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Protocol
+
+from molt_flashreinforce.cluster import processes, ray_nodes, slurm, stacks
+from molt_flashreinforce.cluster.actor_watch import FAILURE_FILE, failure_line
+from molt_flashreinforce.cluster.errors import ClusterError
+from molt_flashreinforce.cluster.slurm import Allocation
+from molt_flashreinforce.plugin.progress import (DONE_FILE, PROGRESS_DIR_VARIABLE, REQUEST_FILE, ROLLOUT_FILE,
+                                                 STEP_FILE, read_json, write_json)
+
+ATTEMPTS_FILE = "attempts.json"  # under <run_dir>/launch/
+PROGRESS_SUBDIR = "progress"
+STACKS_SUBDIR = "stacks"
+POLL_S = 1.0
+PREFIX = "molt-flashreinforce"
+FINISHED, FAULT, STOPPED, CANCELLED = "finished", "fault", "stopped", "cancelled"
+
+
+@dataclass(frozen=True)
+class Resilience:
+    """`resilience.*` of the config."""
+
+    max_restarts: int = 2
+    stall_timeout_s: float = 1800.0
+    startup_timeout_s: float = 3600.0
+    checkpoint_wait_s: float = 600.0
+    max_requeues: int = 20
+
+    @classmethod
+    def from_node(cls, node) -> "Resilience":
+        return cls(max_restarts=int(node.max_restarts), stall_timeout_s=float(node.stall_timeout_s),
+                   startup_timeout_s=float(node.startup_timeout_s), checkpoint_wait_s=float(node.checkpoint_wait_s),
+                   max_requeues=int(node.max_requeues))
+
+
+class Child(Protocol):
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+
+class Requeue(Exception):
+    """The run stopped because SLURM asked (a checkpoint was written, or the wait for one ran out):
+    the caller tears the node down, then `requeue_and_wait()`."""
+
+
+@dataclass
+class Attempt:
+    attempt: int
+    started: str
+    resumed_from_step: int
+    slurm_job: str | None
+    ended: str | None = None
+    cause: str | None = None
+    last_step: int | None = None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def read_attempts(run_dir: Path) -> list[dict]:
+    path = run_dir / "launch" / ATTEMPTS_FILE
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+class Supervisor:
+    def __init__(self, run_dir: Path, resilience: Resilience, checkpoint_step: Callable[[], int],
+                 job: str | None = None) -> None:
+        self.run_dir = run_dir
+        self.resilience = resilience
+        self.checkpoint_step = checkpoint_step
+        self.job = job
+        self.progress = run_dir / PROGRESS_SUBDIR
+        self._signal: int | None = None
+
+    # -- records ---------------------------------------------------------------------------
+    def _record(self, attempt: Attempt) -> None:
+        path = self.run_dir / "launch" / ATTEMPTS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        attempts = [a for a in read_attempts(self.run_dir) if a["attempt"] != attempt.attempt]
+        write_json(path, [*attempts, asdict(attempt)])  # type: ignore[arg-type]
+
+    def _reported_step(self) -> int | None:
+        record = read_json(self.progress / STEP_FILE)
+        return int(record["step"]) if record else None
+
+    def _last_report(self, since: float) -> float | None:
+        times = [path.stat().st_mtime for path in (self.progress / STEP_FILE, self.progress / ROLLOUT_FILE)
+                 if path.exists()]
+        times = [t for t in times if t >= since]
+        return max(times) if times else None
+
+    # -- one attempt -----------------------------------------------------------------------
+    def _fresh_progress(self) -> None:
+        self.progress.mkdir(parents=True, exist_ok=True)
+        for name in (STEP_FILE, ROLLOUT_FILE, REQUEST_FILE, DONE_FILE, FAILURE_FILE):
+            (self.progress / name).unlink(missing_ok=True)
+
+    def _stall(self, started: float) -> str | None:
+        last = self._last_report(started)
+        limit = self.resilience.stall_timeout_s if last is not None else self.resilience.startup_timeout_s
+        if time.time() - (last if last is not None else started) <= limit:
+            return None
+        what = "no optimizer step and no finished rollout" if last is not None else "no rollout or step since the start"
+        key = "stall_timeout_s" if last is not None else "startup_timeout_s"
+        return f"stalled: {what} for {limit:g} s (resilience.{key})"
+
+    def _checkpoint_then_stop(self, child: Child, why: str) -> str:
+        request = uuid.uuid4().hex
+        write_json(self.progress / REQUEST_FILE, {"id": request, "why": why})
+        print(f"{PREFIX}: {why}: checkpointing at the next step boundary (at most "
+              f"{self.resilience.checkpoint_wait_s:g} s, resilience.checkpoint_wait_s)", flush=True)
+        deadline = time.monotonic() + self.resilience.checkpoint_wait_s
+        while time.monotonic() < deadline and child.poll() is None:
+            done = read_json(self.progress / DONE_FILE)
+            if done and done.get("id") == request:
+                processes.stop_tree(child.pid)
+                return f"{why}: checkpoint at step {done['step']}"
+            time.sleep(POLL_S)
+        processes.stop_tree(child.pid)
+        return f"{why}: no checkpoint within {self.resilience.checkpoint_wait_s:g} s, the last complete one stands"
+
+    def _watch(self, child: Child, started: float, dump_elsewhere: Callable[[Path], None],
+               attempt: int) -> tuple[str, str]:
+        """(outcome, cause): outcome is FINISHED, FAULT, STOPPED (on SLURM's request) or CANCELLED."""
+        while True:
+            code = child.poll()
+            if code is not None:
+                if code == 0:
+                    return FINISHED, "finished"
+                failure = read_json(self.progress / FAILURE_FILE)
+                return FAULT, failure_line(failure) if failure else f"{PREFIX}: Molt exited with status {code}"
+            if self._signal is not None:
+                name = signal.Signals(self._signal).name
+                if self.job and slurm.job_state(self.job) == "CANCELLED":
+                    processes.stop_tree(child.pid)
+                    return CANCELLED, f"{PREFIX}: SLURM job {self.job} cancelled ({name})"
+                why = "time limit near (SIGUSR2)" if self._signal == signal.SIGUSR2 else f"asked to stop ({name})"
+                return STOPPED, f"{PREFIX}: {self._checkpoint_then_stop(child, why)}"
+            stall = self._stall(started)
+            if stall is not None:
+                where = self.run_dir / STACKS_SUBDIR / f"attempt-{attempt}"
+                stacks.dump_descendants(where / "head")
+                dump_elsewhere(where)
+                processes.stop_tree(child.pid)
+                return FAULT, f"{PREFIX}: {stall}; the stacks of every process are in {where}"
+            time.sleep(POLL_S)
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self, start: Callable[[dict[str, str]], Child], before_restart: Callable[[], None] = lambda: None,
+            dump_elsewhere: Callable[[Path], None] = lambda where: None) -> int:
+        previous = signal.signal(signal.SIGTERM, self._note), signal.signal(signal.SIGUSR2, self._note)
+        try:
+            return self._attempts(start, before_restart, dump_elsewhere)
+        finally:
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGUSR2, previous[1])
+
+    def _note(self, signum, frame) -> None:
+        self._signal = signum
+
+    def _attempts(self, start, before_restart, dump_elsewhere) -> int:
+        restarts = 0
+        number = len(read_attempts(self.run_dir))
+        while True:
+            self._fresh_progress()
+            attempt = Attempt(attempt=number, started=_now(), resumed_from_step=self.checkpoint_step(), slurm_job=self.job)
+            self._record(attempt)
+            started = time.time()
+            child = start({PROGRESS_DIR_VARIABLE: str(self.progress)})
+            outcome, cause = self._watch(child, started, dump_elsewhere, number)
+            child.wait()
+            attempt.ended, attempt.cause, attempt.last_step = _now(), cause, self._reported_step()
+            self._record(attempt)
+            if outcome == FINISHED:
+                return restarts
+            print(cause, flush=True)
+            if outcome == CANCELLED:
+                raise processes.Terminated()
+            if outcome == STOPPED:
+                raise Requeue(cause)
+            if restarts >= self.resilience.max_restarts:
+                raise ClusterError(
+                    f"{cause.removeprefix(PREFIX + ': ')}; not restarted: resilience.max_restarts={self.resilience.max_restarts} "
+                    f"used up. {self.run_dir} keeps the logs and checkpoints: run the same command again to resume")
+            restarts += 1
+            number += 1
+            before_restart()
+            print(f"{PREFIX}: restart {restarts} of {self.resilience.max_restarts}: resuming from the checkpoint at "
+                  f"step {self.checkpoint_step()}", flush=True)
+
+
+def requeue_and_wait(resilience: Resilience, cause: str) -> None:
+    """Under SLURM: requeue this job, then wait for SLURM to end this run of it (returning first
+    would let the job complete before the requeue lands, and submitit record a result)."""
+    cause = cause.removeprefix(PREFIX + ": ")
+    job = slurm.job_id(os.environ)
+    if job is None:
+        raise ClusterError(f"{cause}; stopped (not under SLURM, so not requeued): run the same command again to resume")
+    requeues = slurm.restart_count(os.environ)
+    if requeues >= resilience.max_requeues:
+        raise ClusterError(f"{cause}; not requeued: job {job} was requeued {requeues} times already "
+                           f"(resilience.max_requeues={resilience.max_requeues})")
+    print(f"{PREFIX}: requeueing SLURM job {job} (requeue {requeues + 1} of at most {resilience.max_requeues}); "
+          "it resumes in this run directory", flush=True)
+    for shielded in processes.SHIELDED_SIGNALS:
+        signal.signal(shielded, signal.SIG_IGN)  # the requeue's own SIGTERM must not interrupt the wait
+    slurm.requeue(job)
+    while True:
+        time.sleep(60)
+
+
+def run(allocation: Allocation | None, settings: ray_nodes.ClusterSettings, resources: ray_nodes.NodeResources,
+        resilience: Resilience, run_dir: Path, start: Callable[[dict[str, str]], Child],
+        checkpoint_step: Callable[[], int]) -> int:
+    """Molt's attempts under a `Supervisor`; the number of restarts. Without an allocation Molt
+    starts its own Ray and every process an attempt leaves is stopped before the next; on a
+    multi-node allocation this is the head's part, and a restart first waits for every node
+    (one whose Ray node died starts a new one, `ray_nodes.join`)."""
+    supervisor = Supervisor(run_dir, resilience, checkpoint_step, job=slurm.job_id(os.environ))
+    try:
+        if allocation is None:
+            processes.become_subreaper()
+            try:
+                return supervisor.run(start, before_restart=processes.stop_descendants)
+            finally:
+                processes.stop_descendants()
+        restarts = [0]
+
+        def attempts(cluster_env: dict[str, str]) -> None:
+            restarts[0] = supervisor.run(
+                lambda env: start({**cluster_env, **env}),
+                before_restart=lambda: ray_nodes.wait_for_nodes(allocation, settings, run_dir),
+                dump_elsewhere=lambda where: ray_nodes.request_stacks(allocation, run_dir, where))
+
+        ray_nodes.lead(allocation, settings, resources, run_dir, attempts)
+        return restarts[0]
+    except Requeue as stopped:
+        requeue_and_wait(resilience, str(stopped))
+        raise  # not reached: SLURM ends this task

@@ -1,0 +1,254 @@
+"""The supervisor's decisions, each on real child processes that behave as one attempt of Molt's
+driver would (they write the progress files Molt's workers write, plugin/progress.py), and the
+pieces it relies on: which dead actors count as faults (Ray's own death-cause messages), the
+checkpoint Molt saves on request (Molt's own `save_logs_and_checkpoints`), and the run records.
+
+The fault-injection runs through Molt's real runtime are in tests/test_rehearsal_runs.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from molt_flashreinforce.cluster import supervisor
+from molt_flashreinforce.cluster.actor_watch import FAILURE_FILE, actor_fault, find_fault
+from molt_flashreinforce.cluster.errors import ClusterError
+from molt_flashreinforce.cluster.ray_nodes import NODE_RESOURCE
+from molt_flashreinforce.launch.records import wandb_resume_env
+from molt_flashreinforce.plugin import progress
+
+VLLM_STANDIN = Path(__file__).parents[1] / "molt_flashreinforce" / "rehearsal" / "vllm_standin"
+FAST = supervisor.Resilience(max_restarts=2, stall_timeout_s=2.0, startup_timeout_s=3.0, checkpoint_wait_s=5.0,
+                             max_requeues=3)
+
+# One attempt of "Molt": behaviour by attempt number (argv[1]); progress goes where the supervisor says.
+ATTEMPT = textwrap.dedent("""
+    import json, os, pathlib, sys, time
+    attempt, behaviour = int(sys.argv[1]), sys.argv[2].split(",")
+    where = pathlib.Path(os.environ["MOLT_FLASHREINFORCE_PROGRESS_DIR"])
+    def step(n):
+        (where / "step.json").write_text(json.dumps({"step": n, "time": time.time()}))
+    what = behaviour[min(attempt, len(behaviour) - 1)]
+    step(1)
+    if what == "finish":
+        step(2); sys.exit(0)
+    if what == "die":
+        (where / "failure.json").write_text(json.dumps(
+            {"what": "actor RolloutRayActor", "node": "n2", "step": 1, "cause": "its worker process died (pid 7)"}))
+        sys.exit(75)
+    if what == "hang":
+        time.sleep(600)
+    if what == "serve":  # answers a checkpoint request at its next "step", then keeps running
+        while True:
+            request = where / "checkpoint_request"
+            if request.exists():
+                step(3)
+                (where / "checkpoint_done.json").write_text(json.dumps({"id": json.loads(request.read_text())["id"], "step": 3}))
+            time.sleep(0.2)
+    if what == "deaf":  # keeps reporting rollouts, never reaches a step boundary
+        while True:
+            (where / "rollout").touch(); time.sleep(0.5)
+""")
+
+
+def attempts_of(behaviour: str, tmp_path: Path):
+    counter = iter(range(100))
+    started = []
+
+    def start(env):
+        process = subprocess.Popen([sys.executable, "-c", ATTEMPT, str(next(counter)), behaviour],
+                                   env={**os.environ, **env})
+        started.append(process)
+        return process
+
+    return start, started
+
+
+def test_a_crash_is_restarted_from_the_checkpoint_and_every_attempt_is_recorded(tmp_path, capsys):
+    start, started = attempts_of("die,finish", tmp_path)
+    restarted = []
+    run = supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 1 if started else 0)
+    assert run.run(start, before_restart=lambda: restarted.append(True)) == 1
+    out = capsys.readouterr().out
+    assert "actor RolloutRayActor died on node n2 at step 1: its worker process died (pid 7)" in out
+    assert "restart 1 of 2: resuming from the checkpoint at step 1" in out
+    assert restarted == [True] and len(started) == 2
+    attempts = supervisor.read_attempts(tmp_path)
+    assert [a["attempt"] for a in attempts] == [0, 1]
+    assert [a["resumed_from_step"] for a in attempts] == [0, 1]
+    assert attempts[0]["cause"].endswith("its worker process died (pid 7)") and attempts[0]["last_step"] == 1
+    assert attempts[1]["cause"] == "finished" and attempts[1]["last_step"] == 2
+    assert not (tmp_path / supervisor.PROGRESS_SUBDIR / FAILURE_FILE).exists()  # each attempt starts clean
+
+
+def test_restarts_used_up_end_the_run_in_one_line_that_keeps_the_run_directory(tmp_path):
+    start, started = attempts_of("die", tmp_path)
+    with pytest.raises(ClusterError) as raised:
+        supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 0).run(start)
+    message = str(raised.value)
+    assert "\n" not in message and "resilience.max_restarts=2 used up" in message and str(tmp_path) in message
+    assert len(started) == 3 and len(supervisor.read_attempts(tmp_path)) == 3
+
+
+def test_a_stall_writes_every_process_stack_then_restarts(tmp_path, capsys):
+    start, started = attempts_of("hang,finish", tmp_path)
+    assert supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 0).run(start) == 1
+    cause = supervisor.read_attempts(tmp_path)[0]["cause"]
+    assert "stalled: no optimizer step and no finished rollout for 2 s (resilience.stall_timeout_s)" in cause
+    stacks = list((tmp_path / supervisor.STACKS_SUBDIR / "attempt-0" / "head").glob("*.txt"))
+    (hung,) = [path for path in stacks if path.name.startswith(f"{started[0].pid}-")]
+    assert "time.sleep" in hung.read_text() or "<module>" in hung.read_text()  # py-spy read the hung process
+    assert started[0].poll() is not None  # the hung attempt was stopped
+
+
+def test_no_report_at_all_is_a_stall_after_the_startup_timeout(tmp_path):
+    slow_start = supervisor.Resilience(max_restarts=0, stall_timeout_s=0.5, startup_timeout_s=2.0,
+                                       checkpoint_wait_s=1.0, max_requeues=0)
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with pytest.raises(ClusterError, match=r"no rollout or step since the start for 2 s \(resilience.startup_timeout_s\)"):
+        supervisor.Supervisor(tmp_path, slow_start, checkpoint_step=lambda: 0).run(lambda env: silent)
+    assert silent.poll() is not None
+
+
+def _signal_soon(signum: int, after_s: float = 1.5) -> None:
+    threading.Timer(after_s, os.kill, (os.getpid(), signum)).start()
+
+
+@pytest.mark.parametrize("signum, why", [(signal.SIGUSR2, "time limit near (SIGUSR2)"),
+                                         (signal.SIGTERM, "asked to stop (SIGTERM)")])
+def test_slurms_signal_checkpoints_at_the_next_step_then_asks_for_a_requeue(tmp_path, signum, why):
+    start, started = attempts_of("serve", tmp_path)
+    _signal_soon(signum)
+    with pytest.raises(supervisor.Requeue, match=re.escape(f"{why}: checkpoint at step 3")):
+        supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 3).run(start)
+    assert started[0].poll() is not None
+    (attempt,) = supervisor.read_attempts(tmp_path)
+    assert attempt["last_step"] == 3 and "checkpoint at step 3" in attempt["cause"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+def test_a_checkpoint_that_does_not_come_in_time_falls_back_to_the_last_complete_one(tmp_path):
+    start, started = attempts_of("deaf", tmp_path)
+    _signal_soon(signal.SIGUSR2)
+    quick = supervisor.Resilience(max_restarts=0, stall_timeout_s=30, startup_timeout_s=30, checkpoint_wait_s=1.0,
+                                  max_requeues=1)
+    with pytest.raises(supervisor.Requeue, match="no checkpoint within 1 s, the last complete one stands"):
+        supervisor.Supervisor(tmp_path, quick, checkpoint_step=lambda: 0).run(start)
+
+
+def test_requeue_outside_slurm_stops_with_one_line(monkeypatch):
+    for name in ("SLURM_PROCID", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ClusterError, match=re.escape("stopped (not under SLURM, so not requeued): run the same command again")):
+        supervisor.requeue_and_wait(FAST, "asked to stop (SIGTERM): checkpoint at step 3")
+
+
+def test_requeues_are_capped(monkeypatch):
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    with pytest.raises(ClusterError, match=r"job 41 was requeued 3 times already \(resilience.max_requeues=3\)"):
+        supervisor.requeue_and_wait(FAST, "time limit near (SIGUSR2): checkpoint at step 9")
+
+
+def _dead(reason: str | None = None, constructor_failed: bool = False, oom: bool = False):
+    from ray.core.generated.common_pb2 import ActorDeathCause, ActorDiedErrorContext
+
+    cause = ActorDeathCause()
+    if constructor_failed:
+        cause.creation_task_failure_context.formatted_exception_string = "Traceback ..."
+    elif oom:
+        cause.oom_context.error_message = "Task was killed due to the node running low on memory."
+    else:
+        cause.actor_died_error_context.reason = ActorDiedErrorContext.Reason.Value(reason)
+        cause.actor_died_error_context.pid = 4242
+    return cause
+
+
+@pytest.mark.parametrize("reason, fault", [
+    ("WORKER_DIED", "its worker process died (pid 4242)"),
+    ("NODE_DIED", "its node died (pid 4242)"),
+    ("RAY_KILL", None),  # Molt ending its own actors
+    ("OUT_OF_SCOPE", None),
+    ("OWNER_DIED", None),  # a consequence: the owner's own death is the fault reported
+])
+def test_which_actor_deaths_are_faults(reason, fault):
+    assert actor_fault({"State": "DEAD", "DeathCause": _dead(reason)}) == fault
+    assert actor_fault({"State": "DEAD", "DeathCause": _dead(oom=True)}) == "it ran out of memory"
+    assert actor_fault({"State": "ALIVE", "DeathCause": None}) is None
+
+
+def test_a_fault_names_the_actor_and_its_slurm_node_and_ignores_other_jobs():
+    nodes = [{"NodeID": "a", "Alive": True, "NodeManagerHostname": "h", "Resources": {f"{NODE_RESOURCE}n2": 1.0}}]
+    engine = {"JobID": "02000000", "State": "DEAD", "ActorClassName": "RolloutRayActor", "Address": {"NodeID": "a"},
+              "DeathCause": _dead("WORKER_DIED")}
+    assert find_fault([engine], nodes, "01000000", set()) is None
+    assert find_fault([engine], nodes, "02000000", set()) == {
+        "what": "actor RolloutRayActor", "node": "n2", "cause": "its worker process died (pid 4242)"}
+    constructor = {**engine, "DeathCause": _dead(constructor_failed=True)}
+    assert find_fault([constructor], nodes, "02000000", set())["cause"] == "its constructor raised"
+    lost = [{**nodes[0], "Alive": False, "DeathReasonMessage": "health check failed"}]
+    assert find_fault([], lost, "02000000", {"a"}) == {"what": "Ray node", "node": "n2", "cause": "health check failed"}
+    assert find_fault([], lost, "02000000", set()) is None  # never seen alive by this job
+
+
+class _ActorGroup:
+    """Stands in for Molt's Ray actor group of FSDP policy actors (GPU processes, Ray): records the call."""
+
+    def __init__(self):
+        self.saved = []
+
+    def async_run_method(self, method_name, **kwargs):
+        self.saved.append((method_name, kwargs["tag"]))
+        return []
+
+
+def test_a_checkpoint_request_is_saved_by_molts_own_save_at_the_next_step(tmp_path, monkeypatch):
+    monkeypatch.setenv(progress.PROGRESS_DIR_VARIABLE, str(tmp_path))
+    if importlib.util.find_spec("vllm") is None:  # Molt's trainer module imports vLLM's SamplingParams only
+        monkeypatch.syspath_prepend(str(VLLM_STANDIN))
+    from molt.trainer import rl_trainer
+    from molt.trainer.rl_trainer import BaseRLTrainer
+
+    monkeypatch.setattr(rl_trainer.ray, "get", lambda refs: refs)  # the stand-in group's saves are done at once
+
+    class Trainer(BaseRLTrainer):  # Molt's method, on a class of our own so the patch stays here
+        pass
+
+    progress._patch_trainer(Trainer)
+    trainer = object.__new__(Trainer)
+    trainer.args = SimpleNamespace(logger=SimpleNamespace(logging_steps=1), ckpt=SimpleNamespace(save_steps=10))
+    trainer.wandb_logger = trainer.tensorboard_logger = trainer.critic_model_group = None
+    trainer.best_eval_metric_key, trainer.best_eval_metric_value, trainer._latest_eval_metric_value = None, None, None
+    trainer.actor_model_group = _ActorGroup()
+
+    trainer.save_logs_and_checkpoints(3, {}, {})
+    assert trainer.actor_model_group.saved == []  # 10 does not divide 3
+    assert progress.read_json(tmp_path / progress.STEP_FILE)["step"] == 3
+    progress.write_json(tmp_path / progress.REQUEST_FILE, {"id": "r1"})
+    trainer.save_logs_and_checkpoints(4, {}, {})
+    assert trainer.actor_model_group.saved == [("save_checkpoint", "global_step4")]
+    assert trainer.args.ckpt.save_steps == 10  # the run's own cadence is back
+    assert progress.read_json(tmp_path / progress.DONE_FILE) == {"id": "r1", "step": 4}
+    assert progress.pending_request(tmp_path) is None
+    trainer.save_logs_and_checkpoints(5, {}, {})
+    assert len(trainer.actor_model_group.saved) == 1  # answered once
+
+
+def test_every_attempt_continues_one_wandb_run(tmp_path):
+    first = wandb_resume_env(tmp_path)
+    assert first["WANDB_RESUME"] == "allow" and len(first["WANDB_RUN_ID"]) == 8
+    assert wandb_resume_env(tmp_path) == first
+    assert json.dumps(first)  # plain strings, forwarded to the workers as they are
