@@ -17,7 +17,7 @@ from molt_flashreinforce.launch.validate import validate
 
 
 def test_an_orphaned_grandchild_is_found_and_stopped_by_the_subreaper():
-    # A child starts a grandchild that ignores SIGTERM, then exits: the grandchild is re-parented to the
+    # A child starts a grandchild that ignores SIGTERM and SIGINT, then exits: the grandchild is re-parented to the
     # subreaper (not to init, where nothing would find it) and stop_descendants kills it.
     script = textwrap.dedent("""
         import os, subprocess, sys, time
@@ -26,7 +26,7 @@ def test_an_orphaned_grandchild_is_found_and_stopped_by_the_subreaper():
         processes.become_subreaper()
         middle = subprocess.Popen([sys.executable, "-c",
             "import signal, subprocess, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "p = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)']); "
+            "p = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(300)']); "
             "print(p.pid, flush=True)"], stdout=subprocess.PIPE, text=True)
         orphan = int(middle.stdout.readline())
         middle.wait()
@@ -38,7 +38,7 @@ def test_an_orphaned_grandchild_is_found_and_stopped_by_the_subreaper():
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "killed ['python" in done.stdout  # it ignored SIGTERM, so it needed SIGKILL
+    assert "killed ['python" in done.stdout  # it ignored both, so it needed SIGKILL
 
 
 def test_actors_are_grouped_by_the_slurm_name_of_their_node():

@@ -2,7 +2,7 @@
 rendering: no stand-in reaches the Molt process it would start.
 
 This machine has no GPU, so the run itself is not started here: the rendering test stops at the
-point where the launcher would start Molt (`run_molt_job`, replaced to capture the job) and
+point where the launcher would start Molt (`start_molt_job`, replaced to capture the job) and
 skips the node check, which the refusal test covers on its own.
 """
 
@@ -75,7 +75,7 @@ def test_no_standin_reaches_the_molt_process(tmp_path, monkeypatch, experiment):
         raise LaunchReached
 
     monkeypatch.setattr(gpu, "check_node", lambda cfg: None)  # no GPU here; refusal tested above
-    monkeypatch.setattr(launch_job, "run_molt_job", capture)
+    monkeypatch.setattr(launch_job, "start_molt_job", capture)
     monkeypatch.chdir(tmp_path)
     cfg = compose_job("gpu", f"experiment={experiment}")
     with pytest.raises(LaunchReached):
