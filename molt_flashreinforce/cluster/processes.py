@@ -102,17 +102,11 @@ def _stop_all(processes: list[psutil.Process], grace_s: float) -> list[str]:
     return killed
 
 
-def stop_descendants(grace_s: float = 10.0, spare: tuple[int, ...] = ()) -> list[str]:
-    """End every descendant of this process except the trees of `spare`; the names of those
-    that needed SIGKILL."""
+def stop_descendants(grace_s: float = 10.0) -> list[str]:
+    """End every descendant of this process; the names of those that needed SIGKILL."""
     me = psutil.Process()
-    spared = {p.pid for pid in spare if psutil.pid_exists(pid) for p in _tree(psutil.Process(pid))}
-
-    def remaining() -> list[psutil.Process]:
-        return [p for p in me.children(recursive=True) if p.pid not in spared]
-
-    killed = _stop_all(remaining(), grace_s)
-    killed += _stop_all(remaining(), 1.0)  # orphans re-parented to us while the others stopped
+    killed = _stop_all(me.children(recursive=True), grace_s)
+    killed += _stop_all(me.children(recursive=True), 1.0)  # orphans re-parented to us while the others stopped
     _reap()
     return killed
 

@@ -234,7 +234,7 @@ def wait_for_nodes(allocation: Allocation, settings: ClusterSettings, run_dir: P
 
 def request_stacks(allocation: Allocation, run_dir: Path, out_dir: Path) -> None:
     """Ask every worker node to write its processes' Python stacks into `out_dir/<node>/`."""
-    _write_record(cluster_dir(run_dir, allocation) / STACKS_REQUEST, out_dir=str(out_dir))
+    _write_record(cluster_dir(run_dir, allocation) / STACKS_REQUEST, job_id=allocation.run_id, out_dir=str(out_dir))
 
 
 @contextlib.contextmanager
@@ -344,22 +344,15 @@ def _serve_as_worker(allocation: Allocation, settings: ClusterSettings, resource
             lost = 0 if _reachable(allocation.head_address, settings.ray_port) else lost + 1
             if _head_stopped(record, allocation) or lost >= HEAD_LOST_AFTER:
                 return
-            stacks_request = _stacks_request(where)
-            if stacks_request and stacks_request != stacks_seen:
-                stacks_seen = stacks_request
-                stacks.dump_descendants(Path(stacks_request) / allocation.this_node)
+            stacks_request = _read_record(where / STACKS_REQUEST, allocation.run_id)
+            if stacks_request and stacks_request["out_dir"] != stacks_seen:
+                stacks_seen = stacks_request["out_dir"]
+                stacks.dump_descendants(Path(stacks_seen) / allocation.this_node)
             time.sleep(POLL_S)
     finally:
         _stop(node)
         _keep_logs(where / allocation.this_node)
         processes.stop_descendants()
-
-
-def _stacks_request(where: Path) -> str | None:
-    try:
-        return json.loads((where / STACKS_REQUEST).read_text())["out_dir"]
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def _session_dir_of(ray_start_log: Path) -> str | None:

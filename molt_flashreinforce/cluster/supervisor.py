@@ -155,13 +155,14 @@ class Supervisor:
         print(f"{PREFIX}: {why}: checkpointing at the next step boundary (at most "
               f"{self.resilience.checkpoint_wait_s:g} s, resilience.checkpoint_wait_s)", flush=True)
         deadline = time.monotonic() + self.resilience.checkpoint_wait_s
-        while time.monotonic() < deadline and child.poll() is None:
+        saved = None
+        while saved is None and time.monotonic() < deadline and child.poll() is None:
             done = read_json(self.progress / DONE_FILE)
-            if done and done.get("id") == request:
-                processes.stop_tree(child.pid)
-                return f"{why}: checkpoint at step {done['step']}"
+            saved = done["step"] if done and done.get("id") == request else None
             time.sleep(POLL_S)
         processes.stop_tree(child.pid)
+        if saved is not None:
+            return f"{why}: checkpoint at step {saved}"
         return f"{why}: no checkpoint within {self.resilience.checkpoint_wait_s:g} s, the last complete one stands"
 
     def _watch(self, child: Child, started: float, dump_elsewhere: Callable[[Path], None],
