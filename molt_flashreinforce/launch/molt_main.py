@@ -47,15 +47,14 @@ def main(argv: list[str] | None = None, *, setup_hook: str | None = None, ray_op
 
     The CPU rehearsal passes its own hook (stand-ins, then the plugin's) and Ray options."""
     from molt_flashreinforce.launch.molt_cli import parse_and_validate
-    from molt_flashreinforce.plugin import SETUP_HOOK, lag_bound, policy_lag, policy_loss_from_args, progress
+    from molt_flashreinforce.plugin import SETUP_HOOK, policy_loss_from_args
+    from molt_flashreinforce.plugin.ray_hooks import install_runtime_patches
     from molt_flashreinforce.plugin.compat import check_molt_version
 
     check_molt_version()
     args = parse_and_validate(sys.argv[1:] if argv is None else argv)
     policy_loss_from_args(args)
-    policy_lag.install()  # before train() ships Molt's actor classes to their workers
-    lag_bound.install()
-    progress.install()
+    install_runtime_patches()  # before train() ships Molt's actor classes to their workers
 
     import ray
     from molt.cli.train_rl_ray import train
