@@ -65,10 +65,10 @@ def loader() -> StatefulDataLoader:
     return StatefulDataLoader(items, batch_size=None)
 
 
-def generator(runners, prompts_dataloader) -> SamplesGenerator:
+def generator(runners, prompts_dataloader, in_flight: int = IN_FLIGHT) -> SamplesGenerator:
     flags = ["--actor.model_name_or_path", "unused", "--vllm.num_engines", "1", "--train.agent_path", "unused.py",
              "--actor.num_gpus_per_node", "1", "--rollout.batch_size", str(BATCH), "--train.batch_size", str(BATCH),
-             "--rollout.vllm_generate_batch_size", str(IN_FLIGHT), "--train.partial_rollout_enable",
+             "--rollout.vllm_generate_batch_size", str(in_flight), "--train.partial_rollout_enable",
              "--algo.advantage.is_correction_level", "seq", "--algo.advantage.is_correction_threshold", "0.01"]
     return SamplesGenerator(strategy=types.SimpleNamespace(args=parse_and_validate(flags)),
                             prompts_dataloader=prompts_dataloader, eval_dataloader=None, tokenizer=None,
@@ -79,46 +79,60 @@ def prompts_of(samples) -> list[str]:
     return [sample.prompts[0] for sample in samples]
 
 
-def first_batch_then_crash(runners) -> tuple[list[str], dict, dict]:
+def first_batch_then_crash(runners, in_flight: int = IN_FLIGHT) -> tuple[list[str], dict, dict]:
     """One batch, and what its step's checkpoint stores: (its prompts, loader state, generator state)."""
     prompts_dataloader = loader()
-    first = generator(runners, prompts_dataloader)
+    first = generator(runners, prompts_dataloader, in_flight)
     samples, _, dispatched, _ = first.generate_samples(n_samples_per_prompt=1)
-    assert len(samples) == BATCH and dispatched >= IN_FLIGHT  # more dispatched than the batch holds
+    assert len(samples) == BATCH and dispatched >= min(in_flight, len(PROMPTS))  # more dispatched than the batch holds
     state = first.state_dict()
     assert len(state[carryover.UNTRAINED_KEY]) == dispatched - BATCH
     return prompts_of(samples), prompts_dataloader.state_dict(), state
 
 
-def resume(runners, loader_state: dict, generator_state: dict) -> list[str]:
-    """Every batch a resumed generator makes, to the end of the episode (Molt's resume order)."""
+def resume(runners, loader_state: dict, generator_state: dict, episodes: int = 1) -> list[list[str]]:
+    """The prompts of every batch a resumed generator makes, episode by episode (Molt's resume order)."""
     prompts_dataloader = loader()
     prompts_dataloader.load_state_dict(loader_state)
     resumed = generator(runners, prompts_dataloader)
     resumed.load_state_dict(generator_state)
-    trained = []
-    while True:
-        samples, _, _, exhausted = resumed.generate_samples(n_samples_per_prompt=1)
-        trained += prompts_of(samples)
-        if exhausted:
-            return trained
+    trained = [[] for _ in range(episodes)]
+    for episode in range(episodes):
+        exhausted = False
+        while not exhausted:
+            samples, _, _, exhausted = resumed.generate_samples(n_samples_per_prompt=1)
+            trained[episode] += prompts_of(samples)
+    return trained
 
 
 def test_a_resume_trains_every_prompt_of_the_episode_once(runners):
     first, loader_state, generator_state = first_batch_then_crash(runners)
-    trained = first + resume(runners, loader_state, generator_state)
-    assert sorted(trained) == sorted(PROMPTS)
+    (rest,) = resume(runners, loader_state, generator_state)
+    assert sorted(first + rest) == sorted(PROMPTS)
+
+
+def test_a_drained_episode_ends_with_its_carried_prompts_then_the_next_starts_afresh(runners):
+    """Every prompt dispatched before the first batch: Molt's checkpoint points at the next episode
+    with a fresh loader, so the resume first trains the carried prompts alone."""
+    first, _, generator_state = first_batch_then_crash(runners, in_flight=len(PROMPTS))
+    assert generator_state[carryover.DRAINED_KEY]
+    rest, next_episode = resume(runners, {}, generator_state, episodes=2)  # Molt saves {} for a drained loader
+    assert sorted(first + rest) == sorted(PROMPTS) and sorted(next_episode) == sorted(PROMPTS)
 
 
 def test_without_the_carried_prompts_molts_resume_skips_those_in_flight(runners):
     """The control: the loader's position alone resumes past the prompts still in flight."""
     first, loader_state, generator_state = first_batch_then_crash(runners)
     skipped = {prompt for prompt, *_ in generator_state[carryover.UNTRAINED_KEY]}
-    trained = first + resume(runners, loader_state, {})
-    assert sorted(trained) == sorted(set(PROMPTS) - skipped) and len(skipped) >= IN_FLIGHT - BATCH
+    (rest,) = resume(runners, loader_state, {})
+    assert sorted(first + rest) == sorted(set(PROMPTS) - skipped) and len(skipped) >= IN_FLIGHT - BATCH
 
 
 def test_the_carried_prompts_are_dispatched_once_then_the_loader_goes_on():
-    carried = carryover.CarriedFirst([(None, ["a"], ["l"], [None], [None])], [("c", "l", None, None)])
+    items = [(None, ["a"], ["l"], [None], [None])]
+    carried = carryover.CarriedFirst(items, [("c", "l", None, None)])
     assert [item[1] for item in carried] == [["c"], ["a"]]
     assert [item[1] for item in carried] == [["a"]] and len(carried) == 1
+    alone = carryover.CarriedFirst(items, [("c", "l", None, None)], alone=True)
+    assert alone.ends_an_episode and [item[1] for item in alone] == [["c"]]
+    assert not alone.ends_an_episode and [item[1] for item in alone] == [["a"]]

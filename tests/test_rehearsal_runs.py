@@ -18,17 +18,25 @@ by `scancel`, and find no process of it left on any node.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import pytest
+import torch
 
 from molt_flashreinforce import metrics
-from molt_flashreinforce.cluster.ray_nodes import CLUSTER_SUBDIR
+from molt_flashreinforce.cluster.ray_nodes import CLUSTER_SUBDIR, HEAD_RECORD
+from molt_flashreinforce.cluster.supervisor import PROGRESS_SUBDIR, STACKS_SUBDIR, read_attempts
 from molt_flashreinforce.launch.job import latest_checkpoint
+from molt_flashreinforce.plugin.progress import PROGRESS_DIR_VARIABLE, STEP_FILE, read_json, write_json
 from molt_flashreinforce.rehearsal.run import SUMMARY_NAME, WORK_SUBDIR
 from molt_flashreinforce.rehearsal.standins import STANDINS
 from molt_flashreinforce.report.events import read_scalars
@@ -52,13 +60,105 @@ REHEARSALS = {
 # The scaled placement: node(s) hosting the policy actor's ranks, and the engines'.
 SPLIT = {"math": (1, 1), "tool": (1, 1), "alfworld": (1, 1), "moe": (2, 2), "r1": (1, 1), "math_grpo": (1, 1)}
 _ports = iter(range(26379, 26479))  # a fresh Ray port per job: no wait for a previous one's TIME_WAIT
+FAULT_RECORD = "fault.json"  # experiments/rehearsal/collect.py reads it
 
 
-def local_rehearsal(workdir: Path, run_dir: Path, *overrides: str) -> str:
+def _environ(process: psutil.Process) -> dict[str, str]:
+    try:
+        return process.environ()
+    except (psutil.AccessDenied, psutil.NoSuchProcess):
+        return {}
+
+
+def engines_of(run_dir: Path) -> list[psutil.Process]:
+    """The CPU engines of the rehearsal in `run_dir`: Ray workers carry the run's progress directory."""
+    progress = str(run_dir / PROGRESS_SUBDIR)
+    return [process for process in psutil.process_iter(["cmdline"])
+            if "CpuRolloutEngine" in " ".join(process.info["cmdline"] or [])
+            and _environ(process).get(PROGRESS_DIR_VARIABLE) == progress]
+
+
+def signal_engines(signum: int) -> Callable[[Path, str | None], list[int]]:
+    def strike(run_dir: Path, job: str | None) -> list[int]:
+        hit = engines_of(run_dir)
+        for engine in hit:
+            engine.send_signal(signum)
+        return [engine.pid for engine in hit]
+
+    return strike
+
+
+def kill_a_worker_nodes_raylet(run_dir: Path, job: str | None) -> list[int]:
+    """SIGKILL the raylet of a node that is not the head (the Ray node a worker task started)."""
+    (job_dir,) = (run_dir / CLUSTER_SUBDIR).iterdir()
+    head = json.loads((job_dir / HEAD_RECORD).read_text())["node"]
+    hit = [process for process in psutil.process_iter(["name"]) if process.info["name"] == "raylet"
+           and _environ(process).get("SLURM_JOB_ID") == job and _environ(process).get("SLURMD_NODENAME") != head]
+    for raylet in hit[:1]:
+        raylet.kill()
+    return [raylet.pid for raylet in hit[:1]]
+
+
+def sigterm_the_job(env: dict[str, str]) -> Callable[[Path, str | None], list[int]]:
+    """Preemption's signal to every task of the job, which SLURM leaves RUNNING."""
+    def strike(run_dir: Path, job: str | None) -> list[int]:
+        subprocess.run(["scancel", "--signal=TERM", job], env=env, check=True)
+        return [int(job)]
+
+    return strike
+
+
+@dataclass
+class Fault:
+    """A fault struck into a running rehearsal once it has reported step `after_step` (its
+    checkpoint at that step written, `rehearsal.save_steps`); `named` is in the one line that ends
+    the attempt it hits. The strike is recorded in `<run_dir>/fault.json`, which
+    experiments/rehearsal/collect.py reads with the run's attempts for the docs' table."""
+
+    label: str
+    strike: Callable[[Path, str | None], list[int]]
+    named: str
+    after_step: int = 2
+    struck_at: float | None = None
+
+    def poll(self, run_dir: Path, job: str | None = None) -> None:
+        reported = read_json(run_dir / PROGRESS_SUBDIR / STEP_FILE)
+        if self.struck_at is None and reported and reported["step"] >= self.after_step:
+            if self.strike(run_dir, job):
+                self.struck_at = time.time()
+                write_json(run_dir / FAULT_RECORD, {"fault": self.label, "struck_at": self.struck_at,
+                                                    "after_step": reported["step"]})
+
+
+# name -> (the fault its rehearsal survives, the overrides that fault needs): each recovery is
+# then held to the same accounting as an uninterrupted run (check_rehearsal, check_recovery).
+STALL_TIMEOUT_S = 60
+FAULTS = {
+    "r1": (lambda: Fault("the rollout engine killed (SIGKILL)", signal_engines(signal.SIGKILL), "CpuRolloutEngine"),
+           ["rehearsal.save_steps=2"]),
+    "math_grpo": (lambda: Fault("the rollout engine stopped (SIGSTOP): a stall", signal_engines(signal.SIGSTOP),
+                                "stalled: no optimizer step and no finished rollout"),
+                  ["rehearsal.save_steps=2", f"rehearsal.stall_timeout_s={STALL_TIMEOUT_S}"]),
+    "alfworld": (lambda: Fault("a worker node's raylet killed (SIGKILL)", kill_a_worker_nodes_raylet, "died on node"),
+                 ["rehearsal.save_steps=2"]),
+}
+
+
+def local_rehearsal(workdir: Path, run_dir: Path, *overrides: str, fault: Fault | None = None) -> str:
     command = [sys.executable, "-m", "molt_flashreinforce", *overrides, "rehearsal=cpu", f"hydra.run.dir={run_dir}"]
-    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=REHEARSAL_TIMEOUT_S)
-    assert done.returncode == 0, f"{' '.join(overrides)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    return done.stdout
+    out, err = workdir / f"{run_dir.parent.name}.out", workdir / f"{run_dir.parent.name}.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen(command, cwd=workdir, stdout=stdout, stderr=stderr, text=True)
+        deadline = time.monotonic() + REHEARSAL_TIMEOUT_S
+        while process.poll() is None and time.monotonic() < deadline:
+            if fault is not None:
+                fault.poll(run_dir)
+            time.sleep(0.5)
+        if process.poll() is None:
+            process.kill()
+    printed = out.read_text()
+    assert process.wait() == 0, f"{' '.join(overrides)} failed:\n{printed[-3000:]}\n{err.read_text()[-6000:]}"
+    return printed
 
 
 def job_state(job_id: str, env: dict[str, str]) -> dict[str, str]:
@@ -66,12 +166,15 @@ def job_state(job_id: str, env: dict[str, str]) -> dict[str, str]:
     return dict(field.partition("=")[::2] for field in shown.split())
 
 
-def wait_for(job_id: str, env: dict[str, str], timeout_s: float = REHEARSAL_TIMEOUT_S) -> dict[str, str]:
+def wait_for(job_id: str, env: dict[str, str], timeout_s: float = REHEARSAL_TIMEOUT_S,
+             while_waiting: Callable[[], None] = lambda: None) -> dict[str, str]:
+    """The job's final state (a requeued job goes on: PENDING, then RUNNING again)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = job_state(job_id, env)
-        if state.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+        if state.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
             return state
+        while_waiting()
         time.sleep(1)
     raise AssertionError(f"SLURM job {job_id} did not finish in {timeout_s} s")
 
@@ -111,10 +214,10 @@ def no_process_left_within(job_id: str, seconds: float) -> list[str]:
 
 
 def sbatch_rehearsal(slurm, workdir: Path, nodes: int, overrides: list[str], run_dir: Path,
-                     extra_sbatch: tuple[str, ...] = ()) -> str:
+                     extra_sbatch: tuple[str, ...] = (), fault: Fault | None = None) -> str:
     experiment = overrides[0].removeprefix("experiment=")
     job_id = sbatch(slurm, workdir, nodes, [experiment, *overrides[1:], "rehearsal=cpu"], run_dir, options=extra_sbatch)
-    state = wait_for(job_id, slurm)
+    state = wait_for(job_id, slurm, while_waiting=lambda: fault and fault.poll(run_dir, job_id))
     output = (workdir / f"slurm-{job_id}.out").read_text()
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", output[-6000:]
     assert no_process_left_within(job_id, 30) == []
@@ -145,15 +248,20 @@ def rehearsals(tmp_path_factory, request):
     def get(name: str) -> tuple[Path, str]:
         if name not in done:
             overrides, how, nodes = REHEARSALS[name]
+            make_fault, fault_overrides = FAULTS.get(name, (lambda: None, []))
+            fault = get.faults[name] = make_fault()
+            overrides = [*overrides, *fault_overrides]
             run_dir = root / name / "first"
             if how == "local":
-                done[name] = (run_dir, local_rehearsal(root, run_dir, *overrides))
+                done[name] = (run_dir, local_rehearsal(root, run_dir, *overrides, fault=fault))
             elif how == "sbatch":
-                done[name] = (run_dir, sbatch_rehearsal(request.getfixturevalue("slurm"), root, nodes, overrides, run_dir))
+                done[name] = (run_dir, sbatch_rehearsal(request.getfixturevalue("slurm"), root, nodes, overrides, run_dir,
+                                                        fault=fault))
             else:
                 done[name] = molt_slurm_rehearsal(request.getfixturevalue("slurm"), root, overrides, root / name)
         return done[name]
 
+    get.faults = {}  # name -> the Fault its rehearsal survived (None: none)
     return get
 
 
@@ -161,7 +269,10 @@ def summary_of(run_dir: Path) -> dict:
     return json.loads((run_dir / WORK_SUBDIR / SUMMARY_NAME).read_text())
 
 
-def check_rehearsal(name: str, run_dir: Path, stdout: str, steps: int, min_lag: int, sampled_log_probs: bool = True) -> dict:
+def check_rehearsal(name: str, run_dir: Path, stdout: str, steps: int, min_lag: int, sampled_log_probs: bool = True,
+                    fault: Fault | None = None) -> dict:
+    """What every rehearsal shows, a recovered one too: after a fault, TensorBoard keeps one value
+    per step (the latest write of a step run twice), so the counts below are an uninterrupted run's."""
     per_step = PER_STEP.get(name, TRAJECTORIES_PER_STEP)
     summary = summary_of(run_dir)
     scalars = read_scalars(run_dir / "tensorboard")
@@ -181,13 +292,54 @@ def check_rehearsal(name: str, run_dir: Path, stdout: str, steps: int, min_lag: 
         assert abs(scalars[metrics.VLLM_KL][0][1]) < 1e-3
     else:
         assert metrics.VLLM_KL not in scalars
-    assert len(summary["weight_checks"]) == steps
+    # A restart refits more often: the steps it runs again, and the resumed weights at its start.
+    assert len(summary["weight_checks"]) == steps if fault is None else len(summary["weight_checks"]) > steps
     assert all("landed on every vLLM weight" in line for line in summary["weight_checks"])
     assert latest_checkpoint(run_dir) is not None  # Molt's own checkpointing, from every FSDP rank
     for standin in STANDINS:
         assert standin in stdout
     check_placement(name, summary, stdout)
+    if fault is not None:
+        check_recovery(run_dir, stdout, fault, steps)
     return scalars
+
+
+def optimizer_steps(checkpoint: Path, scratch: Path) -> set[int]:
+    """The Adam step counts in a Molt checkpoint's optimizer state: how many updates the saved
+    weights received (read with torch's own DCP converter)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(checkpoint / "optim", scratch / "optim.pt")
+    found: set[int] = set()
+
+    def walk(value, key=""):
+        if isinstance(value, dict):
+            for name, inner in value.items():
+                walk(inner, str(name))
+        elif key.rpartition(".")[2] == "step":  # DCP's flat keys: state.<parameter>.step
+            found.add(int(value))
+
+    walk(torch.load(scratch / "optim.pt", weights_only=False))
+    return found
+
+
+def check_recovery(run_dir: Path, stdout: str, fault: Fault, steps: int) -> None:
+    """One fault, one restart, and nothing lost or trained twice: the attempts are recorded, the
+    second resumed from the checkpoint before the fault, and the weights finally saved received
+    exactly `steps` updates (every prompt reached the loss once: plugin/carryover.py)."""
+    assert fault.struck_at is not None, "the fault never struck"
+    summary = summary_of(run_dir)
+    first, second = read_attempts(run_dir)
+    assert summary["restarts"] == 1
+    assert fault.named in first["cause"] and first["cause"] in stdout, first["cause"]
+    assert first["last_step"] >= fault.after_step
+    assert f"restart 1 of " in stdout and f"resuming from the checkpoint at step {fault.after_step}" in stdout
+    assert second["resumed_from_step"] == fault.after_step and second["cause"] == "finished"
+    detected_s = datetime.fromisoformat(first["ended"]).timestamp() - fault.struck_at
+    limit_s = STALL_TIMEOUT_S + 30 if "stalled" in fault.named else 60
+    assert detected_s < limit_s, f"{fault.named}: the attempt ended {detected_s:.0f} s after the fault"
+    print(f"fault {fault.named!r}: the attempt ended {detected_s:.0f} s after it; {first['cause']}")
+    assert optimizer_steps(latest_checkpoint(run_dir), run_dir) == {steps}
 
 
 def check_placement(name: str, summary: dict, stdout: str) -> None:
@@ -221,7 +373,7 @@ def check_node_logs(run_dir: Path, nodes: int) -> None:
 @pytest.mark.parametrize("name, min_lag", [("math", 1), ("tool", 1), ("r1", 1), ("alfworld", 1)])
 def test_flashreinforce_rehearsal(rehearsals, name, min_lag):
     run_dir, stdout = rehearsals(name)
-    scalars = check_rehearsal(name, run_dir, stdout, steps=4, min_lag=min_lag)
+    scalars = check_rehearsal(name, run_dir, stdout, steps=4, min_lag=min_lag, fault=rehearsals.faults[name])
     acceptance = [value for _, value in scalars[metrics.ACCEPTANCE_RATE]]
     assert len(acceptance) == 4 and all(0.0 <= a <= 1.0 for a in acceptance)
     check_node_logs(run_dir, REHEARSALS[name][2])
@@ -235,7 +387,12 @@ def test_moe_rehearsal_spreads_expert_parallelism_over_nodes_and_keeps_the_lag_8
 
 def test_grpo_rehearsal(rehearsals):
     run_dir, stdout = rehearsals("math_grpo")
-    scalars = check_rehearsal("math_grpo", run_dir, stdout, steps=4, min_lag=1, sampled_log_probs=False)  # GRPO: IS off
+    scalars = check_rehearsal("math_grpo", run_dir, stdout, steps=4, min_lag=1, sampled_log_probs=False,  # GRPO: IS off
+                              fault=rehearsals.faults["math_grpo"])
+    # The stall's stacks: py-spy's dump of every process of the run, the stopped engine's included.
+    (stacks,) = (run_dir / STACKS_SUBDIR).iterdir()
+    engine_dumps = [dump.read_text(errors="replace") for dump in (stacks / "head").glob("*CpuRolloutEngine*")]
+    assert engine_dumps and all("Thread" in dump for dump in engine_dumps)
     assert metrics.ACCEPTANCE_RATE not in scalars  # stock Molt GRPO: no trust region of ours
 
 
@@ -251,21 +408,50 @@ def test_multi_turn_batches_count_trajectories(rehearsals, name):
         assert max(value for _, value in scalars[metrics.TURNS]) > 1  # several turns per trajectory
 
 
-def test_resume_on_other_nodes_with_another_head_continues_from_molts_checkpoint(rehearsals, slurm):
+def release_requeued(job_id: str, env: dict[str, str]) -> None:
+    """SLURM holds a requeued job for about two minutes before it may start again (BeginTime);
+    the test lets it start at once, as an idle cluster would two minutes later."""
+    if job_state(job_id, env).get("Reason") == "BeginTime":
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True)
+
+
+def test_resume_on_other_nodes_then_sigterm_checkpoints_requeues_and_resumes_the_job(rehearsals, slurm):
+    """The math rehearsal again in its run directory, without its first head's node; a SIGTERM in
+    the middle (preemption's signal, `scancel --signal=TERM`) checkpoints at the next step, the job
+    requeues itself, and the requeued job resumes from that checkpoint and finishes."""
     first, _ = rehearsals("math")
     before = summary_of(first)
     first_job = next((first / CLUSTER_SUBDIR).iterdir()).name
+    sigterm = Fault("SIGTERM to the SLURM job (preemption)", sigterm_the_job(slurm),
+                    "asked to stop (SIGTERM): checkpoint at step", after_step=before["steps"] + 1)
+    experiment = REHEARSALS["math"][0][0].removeprefix("experiment=")
     # The first run's head was n1; without n1 the allocation is n2 (its worker before, now the head) and n3.
-    output = sbatch_rehearsal(slurm, first.parents[1], 2, REHEARSALS["math"][0], first, extra_sbatch=("--exclude=n1",))
+    job_id = sbatch(slurm, first.parents[1], 2, [experiment, "rehearsal=cpu"], first, options=("--exclude=n1",))
+    state = wait_for(job_id, slurm, while_waiting=lambda: (sigterm.poll(first, job_id), release_requeued(job_id, slurm)))
+    output = (first.parents[1] / f"slurm-{job_id}.out").read_text()  # both runs of the job (--open-mode=append)
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0" and state["Restarts"] == "1", output[-6000:]
+    assert no_process_left_within(job_id, 30) == []
+    assert f"requeueing SLURM job {job_id} (requeue 1 of at most" in output
+
     after = summary_of(first)  # the resumed rehearsal continues in the first one's run directory
     assert after["resumed_from_step"] == before["steps"] == 4 and after["steps"] == 4
     assert "(resumed at step 4)" in output
-    consumed = [value for _, value in read_scalars(first / "tensorboard")[metrics.ROLLOUTS_CONSUMED]]
-    assert consumed[-1] == 8 * TRAJECTORIES_PER_STEP
-    second_job = next(d for d in (first / CLUSTER_SUBDIR).iterdir() if d.name != first_job)
-    assert json.loads((second_job / "head.json").read_text())["node"] == "n2"
-    assert set(after["actors_by_node"]) == {"n2", "n3"}
-    assert {p.name for p in second_job.iterdir() if p.is_dir()} == {"n2", "n3"}
+    _, stopped, requeued = read_attempts(first)
+    checkpointed = stopped["last_step"]
+    assert sigterm.named in stopped["cause"] and f"checkpoint at step {checkpointed}" in stopped["cause"]
+    assert stopped["slurm_job"] == requeued["slurm_job"] == job_id
+    assert requeued["resumed_from_step"] == checkpointed > 4 and requeued["cause"] == "finished"
+    scalars = read_scalars(first / "tensorboard")
+    assert [step for step, _ in scalars[metrics.ROLLOUTS_CONSUMED]] == list(range(1, 9))
+    assert scalars[metrics.ROLLOUTS_CONSUMED][-1][1] == 8 * TRAJECTORIES_PER_STEP
+    assert optimizer_steps(latest_checkpoint(first), first) == {8}
+
+    later_jobs = [d for d in (first / CLUSTER_SUBDIR).iterdir() if d.name != first_job]
+    assert sorted(d.name for d in later_jobs) == [job_id, f"{job_id}-requeue1"]
+    for job_dir in later_jobs:
+        assert json.loads((job_dir / HEAD_RECORD).read_text())["node"] != "n1"
+        assert "n1" not in {p.name for p in job_dir.iterdir() if p.is_dir()}
+    assert "n1" not in after["actors_by_node"] and len(after["actors_by_node"]) == 2
 
 
 def test_a_job_that_fails_on_purpose_exits_with_the_runs_status_and_leaves_nothing(slurm, tmp_path):

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from molt_flashreinforce.cluster import supervisor
+from molt_flashreinforce.cluster import processes, supervisor
 from molt_flashreinforce.cluster.actor_watch import FAILURE_FILE, actor_fault, find_fault
 from molt_flashreinforce.cluster.errors import ClusterError
 from molt_flashreinforce.cluster.ray_nodes import NODE_RESOURCE
@@ -137,6 +137,21 @@ def test_slurms_signal_checkpoints_at_the_next_step_then_asks_for_a_requeue(tmp_
     (attempt,) = supervisor.read_attempts(tmp_path)
     assert attempt["last_step"] == 3 and "checkpoint at step 3" in attempt["cause"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+@pytest.mark.parametrize("state, outcome", [("COMPLETING", "ended"), ("RUNNING", "requeue")])
+def test_sigterm_of_a_job_slurm_is_ending_stops_at_once_without_a_requeue(tmp_path, monkeypatch, state, outcome):
+    """What slurmctld shows decides (the real cluster's answer is in test_rehearsal_runs: a plain
+    scancel shows COMPLETING, `scancel --signal=TERM` RUNNING)."""
+    monkeypatch.setattr(supervisor.slurm, "job_state", lambda job: state)
+    start, started = attempts_of("serve", tmp_path)
+    _signal_soon(signal.SIGTERM)
+    expected = processes.Terminated if outcome == "ended" else supervisor.Requeue
+    with pytest.raises(expected):
+        supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 3, job="41").run(start)
+    assert started[0].poll() is not None
+    (attempt,) = supervisor.read_attempts(tmp_path)
+    assert ("is ending (COMPLETING, SIGTERM): stopped at once" in attempt["cause"]) == (outcome == "ended")
 
 
 def test_a_checkpoint_that_does_not_come_in_time_falls_back_to_the_last_complete_one(tmp_path):

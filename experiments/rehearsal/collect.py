@@ -1,4 +1,4 @@
-"""Collect rehearsal summaries into experiments/rehearsal/results.{json,md}.
+"""Collect rehearsal summaries into experiments/rehearsal/results.{json,md} and faults.md.
 
     python experiments/rehearsal/collect.py [--note TEXT] RUN_DIR [RUN_DIR ...]
 
@@ -7,6 +7,11 @@ gives what docs/rehearsal.md and the README quote: steps, lag, acceptance, rewar
 step 1, weight checks (landed / refits; a resumed run also refits once at its start), the Ray
 nodes that hosted the run's actors with what each hosted, and wall time per phase, with the
 machine it was measured on.
+
+A run the fault-injection tests struck (tests/test_rehearsal_runs.py records the strike in
+`fault.json`) also gets a row in faults.md (docs/launch.md, "Faults and restarts" includes it):
+from its attempts (`launch/attempts.json`), how long after the strike the attempt it hit ended,
+how long until the next attempt started, the steps before and where it resumed, and the one line.
 """
 
 from __future__ import annotations
@@ -15,13 +20,32 @@ import argparse
 import json
 import os
 import platform
+from datetime import datetime
 from pathlib import Path
 
 HERE = Path(__file__).parent
 
 
+def _seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def fault_row(run_dir: Path, experiment: str) -> dict | None:
+    """The struck attempt of a run and the one after it, or None for a run no fault struck."""
+    record, attempts = run_dir / "fault.json", run_dir / "launch" / "attempts.json"
+    if not (record.is_file() and attempts.is_file()):
+        return None
+    fault, attempts = json.loads(record.read_text()), json.loads(attempts.read_text())
+    hit = next(i for i, a in enumerate(attempts) if a["ended"] and _seconds(a["ended"]) >= fault["struck_at"] - 1)
+    struck, resumed = attempts[hit], attempts[hit + 1]
+    return {"experiment": experiment, "fault": fault["fault"], "step_struck": fault["after_step"],
+            "attempt_ended_after_s": round(_seconds(struck["ended"]) - fault["struck_at"], 1),
+            "next_attempt_after_s": round(_seconds(resumed["started"]) - _seconds(struck["ended"]), 1),
+            "resumed_from_step": resumed["resumed_from_step"], "cause": struck["cause"]}
+
+
 def main(run_dirs: list[str], note: str = "") -> None:
-    rows = []
+    rows, faults = [], []
     for run_dir in run_dirs:
         summary = json.loads((Path(run_dir) / "rehearsal" / "summary.json").read_text())
         rows.append({key: summary[key] for key in (
@@ -31,8 +55,9 @@ def main(run_dirs: list[str], note: str = "") -> None:
             | {"weight_checks_landed": sum("landed on every" in line for line in summary["weight_checks"]),
                "weight_checks": len(summary["weight_checks"]),
                "wall_s": round(sum(summary["phases_s"].values()), 1)})
+        faults += filter(None, [fault_row(Path(run_dir), summary["experiment"])])
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    (HERE / "results.json").write_text(json.dumps({"machine": machine, "note": note, "rehearsals": rows}, indent=1) + "\n")
+    (HERE / "results.json").write_text(json.dumps({"machine": machine, "note": note, "rehearsals": rows, "faults": faults}, indent=1) + "\n")
 
     def split(row):
         def hosting(actor):
@@ -57,6 +82,13 @@ def main(run_dirs: list[str], note: str = "") -> None:
             f"| {row['weight_checks_landed']}/{row['weight_checks']} | {split(row)} | {row['wall_s']} |"
         )
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
+    lines = [f"Measured on {machine}{f', {note}' if note else ''}, by the fault-injection rehearsals of "
+             "tests/test_rehearsal_runs.py (`python experiments/rehearsal/collect.py`; times to the second).", "",
+             "| experiment | fault (after step) | attempt ended after | next attempt after | resumed from step | the line |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {f['experiment']} | {f['fault']} ({f['step_struck']}) | {f['attempt_ended_after_s']:.0f} s "
+              f"| {f['next_attempt_after_s']:.0f} s | {f['resumed_from_step']} | `{f['cause']}` |" for f in faults]
+    (HERE / "faults.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

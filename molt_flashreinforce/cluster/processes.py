@@ -10,10 +10,11 @@ exception, so the task's `finally` blocks (logs, teardown) run before KillWait's
 SLURM delivers a job's signals (scancel, preemption's SIGTERM, the `--signal` warning) to every
 process of the job step at once, and Ray's processes exit on SIGTERM (its core worker's handler)
 and on SIGUSR2 (the default action). `shielded` is the `preexec_fn` for what a task starts (the
-Ray nodes, Molt's driver): it blocks both signals in the child's signal mask, which every process
-below it inherits, so that only the task decides what a signal means (cluster.supervisor: a
-checkpoint at the next step boundary, then a requeue). The task's own teardown therefore stops
-them with SIGINT and, after a grace period, SIGKILL.
+Ray nodes, Molt's driver): it blocks both signals in the child's signal mask, which the processes
+below it inherit (Ray's workers, which the raylet starts with a fresh mask, ignore both through
+our setup hook: plugin/progress.py), so that only the task decides what a signal means
+(cluster.supervisor: a checkpoint at the next step boundary, then a requeue). The task's own
+teardown therefore stops them with SIGINT and, after a grace period, SIGKILL.
 """
 
 from __future__ import annotations

@@ -79,7 +79,8 @@ def restart_count(environ: Mapping[str, str]) -> int:
 
 
 def job_state(job: str) -> str | None:
-    """`JobState` as slurmctld says now (CANCELLED while a scancel'd job is still ending)."""
+    """`JobState` as slurmctld says now: RUNNING, or COMPLETING while a job it ends (scancel, the
+    time limit) is still stopping; None when scontrol cannot say."""
     done = subprocess.run(["scontrol", "show", "job", job, "-o"], capture_output=True, text=True, check=False)
     fields = dict(field.partition("=")[::2] for field in done.stdout.split())
     return fields.get("JobState")

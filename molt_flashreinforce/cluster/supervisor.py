@@ -20,8 +20,11 @@ plugin/progress.py) and returns its process. While it runs, the supervisor watch
   boundary (plugin/progress.py), and the attempt is stopped once it is written, or after
   `checkpoint_wait_s`, past which the last complete checkpoint is what the next attempt resumes
   from. Under SLURM the run then asks to be requeued (`Requeue`; at most `max_requeues` times),
-  and the requeued job resumes in the same run directory. A SIGTERM of a job SLURM already
-  marks CANCELLED (a plain `scancel`) stops the run at once, with no checkpoint and no requeue.
+  and the requeued job resumes in the same run directory. That is for a job SLURM still shows
+  RUNNING (a preemption's grace time, `scancel --signal=TERM`). A SIGTERM of a job that is
+  already ending (a plain `scancel`, the time limit itself: slurmctld shows it COMPLETING, and
+  SIGKILL follows after KillWait) stops the run at once, with no checkpoint and no requeue; a
+  requeue then would bring a cancelled job back.
 
 After a crash or a stall the attempt's processes are stopped (`before_restart` does the rest, e.g.
 wait for a lost node to rejoin) and a new attempt resumes from the last complete checkpoint, up to
@@ -54,7 +57,8 @@ PROGRESS_SUBDIR = "progress"
 STACKS_SUBDIR = "stacks"
 POLL_S = 1.0
 PREFIX = "molt-flashreinforce"
-FINISHED, FAULT, STOPPED, CANCELLED = "finished", "fault", "stopped", "cancelled"
+FINISHED, FAULT, STOPPED, ENDED = "finished", "fault", "stopped", "ended"
+RUNNING = "RUNNING"  # slurmctld's JobState of a job that is not ending
 
 
 @dataclass(frozen=True)
@@ -167,7 +171,8 @@ class Supervisor:
 
     def _watch(self, child: Child, started: float, dump_elsewhere: Callable[[Path], None],
                attempt: int) -> tuple[str, str]:
-        """(outcome, cause): outcome is FINISHED, FAULT, STOPPED (on SLURM's request) or CANCELLED."""
+        """(outcome, cause): outcome is FINISHED, FAULT, STOPPED (on SLURM's request) or ENDED (SLURM
+        is ending the job)."""
         while True:
             code = child.poll()
             if code is not None:
@@ -177,9 +182,10 @@ class Supervisor:
                 return FAULT, failure_line(failure) if failure else f"{PREFIX}: Molt exited with status {code}"
             if self._signal is not None:
                 name = signal.Signals(self._signal).name
-                if self.job and slurm.job_state(self.job) == "CANCELLED":
+                state = slurm.job_state(self.job) if self.job else None
+                if state not in (None, RUNNING):
                     processes.stop_tree(child.pid)
-                    return CANCELLED, f"{PREFIX}: SLURM job {self.job} cancelled ({name})"
+                    return ENDED, f"{PREFIX}: SLURM job {self.job} is ending ({state}, {name}): stopped at once"
                 why = "time limit near (SIGUSR2)" if self._signal == signal.SIGUSR2 else f"asked to stop ({name})"
                 return STOPPED, f"{PREFIX}: {self._checkpoint_then_stop(child, why)}"
             stall = self._stall(started)
@@ -219,8 +225,9 @@ class Supervisor:
             self._record(attempt)
             if outcome == FINISHED:
                 return restarts
-            print(cause, flush=True)
-            if outcome == CANCELLED:
+            if read_json(self.progress / FAILURE_FILE) is None:  # else the driver printed the line itself
+                print(cause, flush=True)
+            if outcome == ENDED:
                 raise processes.Terminated()
             if outcome == STOPPED:
                 raise Requeue(cause)

@@ -21,6 +21,9 @@ Molt's `SamplesGenerator`, which runs in `GenerateSamplesActor`:
   groups not shipped yet (except those Molt's warm resume saved itself).
 * `load_state_dict()` of a resumed run takes them, and the first round after it dispatches them
   before the loader's next prompt. They are generated afresh, under the resumed weights.
+* When the episode's last prompt had been dispatched by then, Molt's checkpoint already points at
+  the next episode with a fresh loader (`prompts_drained`). `GenerateSamplesActor.fit` then first
+  runs the rest of the episode the checkpoint was in: a round of the carried prompts alone.
 
 So every prompt of an episode reaches the loss once in the weights finally saved, and a run that
 restarts trains as many steps as one that did not. The prompts travel in Molt's client state
@@ -32,22 +35,30 @@ from __future__ import annotations
 import functools
 
 UNTRAINED_KEY = "untrained_prompts"
+DRAINED_KEY = "untrained_prompts_end_their_episode"
 _INSTALLED_MARK = "_molt_flashreinforce_carryover"
 
 
 class CarriedFirst:
-    """The prompt loader, yielding the carried prompts first (in the loader's item layout) for one
-    pass; everything else (len, sampler, state) is the loader's own."""
+    """The prompt loader, yielding the carried prompts first (in the loader's item layout) on its
+    next pass, followed by the loader's own prompts unless `alone` (the rest of a drained
+    episode); later passes, len, sampler and state are the loader's own."""
 
-    def __init__(self, loader, carried: list[tuple]) -> None:
+    def __init__(self, loader, carried: list[tuple], alone: bool = False) -> None:
         self._loader = loader
         self._carried = list(carried)
+        self._alone = alone
+
+    @property
+    def ends_an_episode(self) -> bool:
+        return bool(self._carried) and self._alone
 
     def __iter__(self):
         carried, self._carried = self._carried, []
         for prompt, label, image, tools in carried:
             yield None, [prompt], [label], [image], [tools]
-        yield from self._loader
+        if not (carried and self._alone):
+            yield from self._loader
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -103,6 +114,7 @@ def _patch_generator(generator_class) -> None:
         state = dict(state_dict(self) or {})
         # With Molt's warm resume the finished groups are saved themselves (state["buffer_file"]).
         state[UNTRAINED_KEY] = untrained_prompts(self, finished_too=not state.get("buffer_file"))
+        state[DRAINED_KEY] = bool(self.prompts_drained)
         return state
 
     @functools.wraps(load_state_dict)
@@ -112,7 +124,7 @@ def _patch_generator(generator_class) -> None:
         if carried:
             loader = self.prompts_dataloader
             loader = loader._loader if isinstance(loader, CarriedFirst) else loader
-            self.prompts_dataloader = CarriedFirst(loader, carried)
+            self.prompts_dataloader = CarriedFirst(loader, carried, alone=bool(state.get(DRAINED_KEY)))
 
     generator_class._dispatch_to_agent_runners = dispatch_remembering_prompts
     generator_class._filter_group = filter_group_handing_on
@@ -120,10 +132,27 @@ def _patch_generator(generator_class) -> None:
     generator_class.load_state_dict = load_state_dict_with_untrained
 
 
+def _patch_generator_actor(actor_class) -> None:
+    fit = actor_class.fit
+
+    @functools.wraps(fit)
+    def fit_ending_the_checkpoints_episode(self, episode: int, total_consumed_prompts: int) -> None:
+        loader = self.samples_generator.prompts_dataloader
+        if isinstance(loader, CarriedFirst) and loader.ends_an_episode:
+            episode -= 1  # the checkpoint's own episode, whose carried prompts are its last
+        return fit(self, episode, total_consumed_prompts)
+
+    actor_class.fit = fit_ending_the_checkpoints_episode
+
+
 def install() -> None:
-    """Patch Molt's SamplesGenerator in this process (idempotent)."""
+    """Patch Molt's SamplesGenerator and GenerateSamplesActor (the class `@ray.remote` captured,
+    plugin/policy_lag.py says why) in this process (idempotent)."""
+    from molt.trainer import rl_trainer
     from molt.trainer.rollout.samples_generator import SamplesGenerator
 
-    if not SamplesGenerator.__dict__.get(_INSTALLED_MARK):
-        _patch_generator(SamplesGenerator)
-        setattr(SamplesGenerator, _INSTALLED_MARK, True)
+    for cls, patch in ((SamplesGenerator, _patch_generator),
+                       (rl_trainer.GenerateSamplesActor.__ray_metadata__.modified_class, _patch_generator_actor)):
+        if not cls.__dict__.get(_INSTALLED_MARK):
+            patch(cls)
+            setattr(cls, _INSTALLED_MARK, True)

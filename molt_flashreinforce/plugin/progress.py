@@ -17,6 +17,13 @@ Ray worker by our setup hook) patches two Molt classes:
 
 Files are replaced atomically (a reader on another node never sees half of one). Without the
 variable nothing is patched in and Molt runs as it would.
+
+`defer_slurm_signals()` (run by the setup hook in every Ray worker under the supervisor): SLURM
+signals every process of a job step at once, Ray's workers included, and a worker exits on
+SIGTERM (Ray's task loop installs a handler that raises SystemExit; the signal mask our launcher
+blocks does not reach them through the raylet) and on SIGUSR2 (the default action). The signals are
+the supervisor's to act on, so a worker ignores both: the checkpoint it asks for needs the workers
+alive. Stopping a run still works: the supervisor's teardown sends SIGINT, then SIGKILL.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -117,3 +125,15 @@ def install() -> None:
         if not cls.__dict__.get(_INSTALLED_MARK):
             patch(cls)
             setattr(cls, _INSTALLED_MARK, True)
+
+
+def defer_slurm_signals() -> None:
+    """In a Ray worker of a supervised run: SIGTERM and SIGUSR2 leave it running (see above)."""
+    if progress_dir() is None:
+        return
+    import ray._private.utils
+
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Ray's task loop sets its SIGTERM handler after the setup hook has run: it must not.
+    ray._private.utils.set_sigterm_handler = lambda handler: None

@@ -4,8 +4,9 @@ Molt computes advantages in its `TrainingActor` and the loss in each `PolicyMode
 actors in processes of their own, so registering in the driver changes nothing there.
 
 * `setup_worker`: Ray's `worker_process_setup_hook`; every worker runs it at start-up, before it
-  deserialises an actor or a task. It registers the plugin and installs the runtime patches
-  (`install_runtime_patches`). Our launcher passes it to `ray.init`.
+  deserialises an actor or a task. It registers the plugin, installs the runtime patches
+  (`install_runtime_patches`) and, under the supervisor, leaves SLURM's signals to it
+  (plugin/progress.py). Our launcher passes it to `ray.init`.
 * `runtime_env_hook`: for `RAY_RUNTIME_ENV_HOOK=molt_flashreinforce.plugin.ray_hooks.runtime_env_hook`
   with the stock `python -m molt.cli.train_rl_ray`: Ray calls it inside Molt's own `ray.init` and it
   adds the setup hook to the job's runtime environment, and installs the runtime patches in the
@@ -30,10 +31,12 @@ def install_runtime_patches() -> None:
 
 
 def setup_worker() -> None:
+    from molt_flashreinforce.plugin.progress import defer_slurm_signals
     from molt_flashreinforce.plugin.registry import register
 
     register()
     install_runtime_patches()
+    defer_slurm_signals()
 
 
 def runtime_env_hook(runtime_env: dict | None) -> dict:
