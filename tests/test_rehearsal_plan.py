@@ -41,7 +41,7 @@ def test_in_flight_rollouts_keep_the_experiments_ratio_to_the_batch(tmp_path):
 def test_moe_keeps_expert_parallelism_and_the_rest_one_actor(tmp_path):
     moe, _ = rehearsed(compose_job("experiment=moe_lag8_qwen3_30b_a3b"), tmp_path)
     assert moe["placement.actor.ep"] == moe["placement.actor.gpus_per_node"] == 2
-    assert compose_job("experiment=moe_lag8_qwen3_30b_a3b").rehearsal.steps == 6  # lag 4 needs 5+ steps
+    assert compose_job("experiment=moe_lag8_qwen3_30b_a3b").rehearsal.steps == 14  # the lag target: from step 10 on
     tool, _ = rehearsed(compose_job("experiment=python_tool_qwen2p5_7b"), tmp_path)
     assert tool["placement.actor.ep"] == tool["placement.actor.gpus_per_node"] == 1
 

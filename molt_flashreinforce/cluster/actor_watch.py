@@ -12,8 +12,11 @@ makes it
 * write the same as `failure.json` into the progress directory (the supervisor's record), and
 * end the driver at once with `EXIT_STATUS` (Ray then ends the job's actors everywhere).
 
-`stop()` ends the watch before Molt tears its actors down itself. The step is the last one the
-trainer reported (plugin/progress.py), 0 before the first.
+`stop()` ends the watch before Molt tears its actors down itself. When Molt raises first (it may
+see an actor on a lost node as unavailable before Ray's GCS declares the node dead),
+`name_the_fault(grace_s)` keeps watching that long, so that the line still names what died; with
+nothing found, Molt's own error stands. The step is the last one the trainer reported
+(plugin/progress.py), 0 before the first.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from molt_flashreinforce.cluster.actor_map import node_names
 POLL_S = 2.0
 EXIT_STATUS = 75  # the driver's status when the watch ended it
 FAILURE_FILE = "failure.json"
+# Ray's GCS declares a node dead after its health checks fail (5 x 3 s by default): a margin above.
+FAULT_GRACE_S = 30.0
 # ActorDiedErrorContext reasons that mean a fault, not an end someone asked for (ray.kill, out of
 # scope) or the consequence of another death (its owner's), which is reported itself.
 FAULT_REASONS = {"WORKER_DIED": "its worker process died", "NODE_DIED": "its node died"}
@@ -110,6 +115,10 @@ class ActorWatch:
 
     def stop(self) -> None:
         self._stopped.set()
+
+    def name_the_fault(self, grace_s: float = FAULT_GRACE_S) -> None:
+        """Molt raised: give the watch `grace_s` to find a dead actor or node (it then ends the process)."""
+        self._thread.join(timeout=grace_s)
 
 
 def start(progress_dir: str | None) -> ActorWatch:

@@ -67,8 +67,13 @@ def main(argv: list[str] | None = None, *, setup_hook: str | None = None, ray_op
     ray.init(address=os.environ.get("RAY_ADDRESS", "local"),
              runtime_env={"env_vars": env_vars, "worker_process_setup_hook": setup_hook or SETUP_HOOK}, **options)
     watch = actor_watch.start(os.environ.get(PROGRESS_DIR_VARIABLE))
+    lost = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)
     try:
         train(args)
+    except lost:
+        watch.name_the_fault()  # the dead actor or node behind Molt's error ends the driver with its line
+        raise
+    else:
         watch.stop()
         if os.environ.get(ACTOR_MAP_VARIABLE):
             actor_map.write(Path(os.environ[ACTOR_MAP_VARIABLE]))
