@@ -211,14 +211,16 @@ def test_a_fault_names_the_actor_and_its_slurm_node_and_ignores_other_jobs():
     nodes = [{"NodeID": "a", "Alive": True, "NodeManagerHostname": "h", "Resources": {f"{NODE_RESOURCE}n2": 1.0}}]
     engine = {"JobID": "02000000", "State": "DEAD", "ActorClassName": "RolloutRayActor", "Address": {"NodeID": "a"},
               "DeathCause": _dead("WORKER_DIED")}
-    assert find_fault([engine], nodes, "01000000", set()) is None
-    assert find_fault([engine], nodes, "02000000", set()) == {
+    assert find_fault([engine], nodes, "01000000", {}) is None
+    assert find_fault([engine], nodes, "02000000", {}) == {
         "what": "actor RolloutRayActor", "node": "n2", "cause": "its worker process died (pid 4242)"}
     constructor = {**engine, "DeathCause": _dead(constructor_failed=True)}
-    assert find_fault([constructor], nodes, "02000000", set())["cause"] == "its constructor raised"
-    lost = [{**nodes[0], "Alive": False, "DeathReasonMessage": "health check failed"}]
-    assert find_fault([], lost, "02000000", {"a"}) == {"what": "Ray node", "node": "n2", "cause": "health check failed"}
-    assert find_fault([], lost, "02000000", set()) is None  # never seen alive by this job
+    assert find_fault([constructor], nodes, "02000000", {})["cause"] == "its constructor raised"
+    # A dead node's entry has no resources left: it keeps the name it had while alive.
+    lost = [{**nodes[0], "Alive": False, "Resources": {}, "DeathReasonMessage": "health check failed"}]
+    assert find_fault([], lost, "02000000", {"a": "n2"}) == {"what": "Ray node", "node": "n2", "cause": "health check failed"}
+    assert find_fault([{**engine, "DeathCause": _dead("NODE_DIED")}], lost, "02000000", {"a": "n2"})["node"] == "n2"
+    assert find_fault([], lost, "02000000", {}) is None  # never seen alive by this job
 
 
 class _ActorGroup:

@@ -1,7 +1,9 @@
 """Where the run's actors ran: node -> actor class -> count, read from Ray's GCS while it is up.
 
 `write(path)` is called by Molt's driver process right after `train(args)` returns, so that the
-actors, dead or alive, are still in the GCS's actor table. A node is named by its
+actors, dead or alive, are still in the GCS's actor table; only this driver's job's actors count
+(on a multi-node allocation the Ray cluster outlives an attempt, and its table keeps the actors of
+the attempts before). A node is named by its
 `molt_flashreinforce_node:<name>` resource (set by `ray_nodes` on a SLURM allocation) or,
 on a Ray that Molt started itself, by its hostname.
 """
@@ -36,7 +38,9 @@ def actors_by_node() -> dict[str, dict[str, int]]:
     import ray
     import ray._private.state as gcs_state  # the GCS actor table; ray.util.state needs the dashboard
 
-    return group_actors(list(gcs_state.actors().values()), node_names(ray.nodes()))
+    job_id = ray.get_runtime_context().get_job_id()
+    actors = [actor for actor in gcs_state.actors().values() if actor.get("JobID") == job_id]
+    return group_actors(actors, node_names(ray.nodes()))
 
 
 def write(path: Path) -> None:

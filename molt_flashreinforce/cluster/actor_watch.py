@@ -56,9 +56,10 @@ def actor_fault(actor: dict) -> str | None:
     return f"{reason} (pid {context.pid})" if reason else None
 
 
-def find_fault(actors: list[dict], nodes: list[dict], job_id: str, alive_before: set[str]) -> dict | None:
-    """The first fault among this job's actors and the nodes seen alive before, as a record."""
-    names = node_names(nodes)
+def find_fault(actors: list[dict], nodes: list[dict], job_id: str, seen_alive: dict[str, str]) -> dict | None:
+    """The first fault among this job's actors and the nodes seen alive before (node id -> the name
+    it had then: a dead node's entry no longer lists its resources), as a record."""
+    names = {**node_names(nodes), **seen_alive}
     for actor in actors:
         if actor.get("JobID") != job_id:
             continue
@@ -67,8 +68,8 @@ def find_fault(actors: list[dict], nodes: list[dict], job_id: str, alive_before:
             node_id = actor["Address"]["NodeID"]
             return {"what": f"actor {actor['ActorClassName']}", "node": names.get(node_id, node_id), "cause": cause}
     for node in nodes:
-        if node["NodeID"] in alive_before and not node["Alive"]:
-            return {"what": "Ray node", "node": names.get(node["NodeID"], node["NodeID"]),
+        if node["NodeID"] in seen_alive and not node["Alive"]:
+            return {"what": "Ray node", "node": names[node["NodeID"]],
                     "cause": node.get("DeathReasonMessage") or "it stopped answering"}
     return None
 
@@ -96,11 +97,11 @@ class ActorWatch:
         from molt_flashreinforce.plugin.progress import write_json
 
         job_id = ray.get_runtime_context().get_job_id()
-        alive: set[str] = set()
+        seen_alive: dict[str, str] = {}
         while not self._stopped.wait(POLL_S):
             nodes = ray.nodes()
-            fault = find_fault(list(gcs_state.actors().values()), nodes, job_id, alive)
-            alive |= {node["NodeID"] for node in nodes if node["Alive"]}
+            fault = find_fault(list(gcs_state.actors().values()), nodes, job_id, seen_alive)
+            seen_alive.update(node_names([node for node in nodes if node["Alive"]]))
             if fault is None or self._stopped.is_set():
                 continue
             fault["step"] = self._step()
