@@ -191,9 +191,9 @@ def test_only_a_run_directory_holding_hydras_files_is_removed(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    # 896 in flight / 128 per update: rollouts may wait 7 batches, more than a bound of 6 allows.
+    # 1,024 in flight / 128 per update: rollouts may wait 8 batches, more than a bound of 6 allows.
     (["experiment=moe_lag8_qwen3_30b_a3b", "algo.max_policy_lag=6"],
-     "molt.rollout.vllm_generate_batch_size=896 keeps rollouts in flight for up to 7 batches of 128 under partial "
+     "molt.rollout.vllm_generate_batch_size=1024 keeps rollouts in flight for up to 8 batches of 128 under partial "
      "rollout, more than algo.max_policy_lag=6 allows"),
     # Molt turns partial rollout on by itself above one batch in flight: 16 > 8 games per update.
     (["experiment=alfworld_qwen2p5_7b", "algo=grpo", "molt.rollout.vllm_generate_batch_size=24"],

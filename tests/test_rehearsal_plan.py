@@ -30,7 +30,7 @@ def rehearsed(cfg, tmp_path: Path, total_steps: int = 4, nodes: int = 1):
 
 def test_in_flight_rollouts_keep_the_experiments_ratio_to_the_batch(tmp_path):
     moe, _ = rehearsed(compose_job("experiment=moe_lag8_qwen3_30b_a3b"), tmp_path)
-    assert moe["molt.rollout.batch_size"] == 4 and moe["molt.rollout.vllm_generate_batch_size"] == 28  # 896/128 = 7x
+    assert moe["molt.rollout.batch_size"] == 4 and moe["molt.rollout.vllm_generate_batch_size"] == 32  # 1024/128 = 8x
     r1, _ = rehearsed(compose_job("experiment=long_horizon_r1_distill_1p5b"), tmp_path)
     assert r1["molt.rollout.vllm_generate_batch_size"] == 32  # 512/128 = 4x
     grpo, _ = rehearsed(compose_job("experiment=math_qwen2p5_1p5b", "algo=grpo"), tmp_path)
