@@ -33,10 +33,11 @@ def dump(processes: list[psutil.Process], out_dir: Path) -> list[Path]:
     for process in processes:
         try:
             name = process.name().replace("/", "_").replace(" ", "_")
-            command = " ".join(process.cmdline())
+            argv = process.cmdline()
         except psutil.Error:
             continue
-        if "python" not in command and not name.startswith("ray::"):
+        command = " ".join(argv)
+        if not (name.startswith("ray::") or Path(argv[0] if argv else "").name.startswith("python")):
             continue  # raylet, gcs_server, shells: no Python stack to read
         if py_spy is None:
             text = "py-spy is not installed (pip install py-spy)\n"
