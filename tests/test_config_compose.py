@@ -87,12 +87,12 @@ def test_moe_comparison_matches_102k_trajectories_at_lag_8_versus_lag_1():
         assert budget(cfg)["updates"] == 800
         assert budget(cfg)["per_update"] == 128
     assert flash_cfg.algo.delta == 1e-2
-    # The lags by construction (plugin/lag_bound.py): bounds of 8 and 1. FlashREINFORCE keeps 7
-    # batches in flight, so its lag is about 7 even when generation is the slower side, and the
-    # queue of 8 lets generation run ahead to the bound when it is the faster one.
+    # The lags by construction (plugin/lag_bound.py): bounds of 8 and 1. FlashREINFORCE keeps 8
+    # batches in flight (the most the bound allows), so its lag is about 8 even when generation is
+    # the slower side, and the queue of 8 lets generation run ahead to the bound when it is faster.
     assert (flash_cfg.algo.max_policy_lag, grpo_cfg.algo.max_policy_lag) == (8, 1)
-    assert flash_cfg.molt.rollout.vllm_generate_batch_size / flash_cfg.molt.rollout.batch_size == 7
-    assert flash_cfg.molt.train.async_queue_size + 7 >= 8
+    assert flash_cfg.molt.rollout.vllm_generate_batch_size / flash_cfg.molt.rollout.batch_size == 8
+    assert flash_cfg.molt.train.async_queue_size + 8 >= 8
     assert grpo_cfg.molt.rollout.vllm_generate_batch_size is None and grpo_cfg.molt.train.async_queue_size == 1
 
 
