@@ -1,13 +1,16 @@
 """Wall-clock cost of grading 128 answers at once, honest, hostile and mixed, before and after.
 
     python benchmarks/bench_grading.py --out experiments/benchmarks/grading.json
+    python benchmarks/bench_grading.py --before-from experiments/benchmarks/grading.json --out ...
 
 Grades a 128-rollout batch the way the math agent does (``grade_async``, all 128 in flight)
 with each grader in turn: ``before``, the grader as it was before the hostile-answer work (read
 with ``git show <--before-ref>:molt_flashreinforce/agents/grading.py`` into a temporary
 directory and imported from there, under another name; it exists only inside this benchmark),
 and ``after``, this checkout's. Both get the same ``--timeout`` and the same number of grader
-processes (``MATH_GRADER_PROCESSES``, default: this machine's CPUs). Batches:
+processes (``MATH_GRADER_PROCESSES``, default: this machine's CPUs). ``--before-from`` keeps the
+before numbers of an earlier run instead (the old grader needs minutes on the hostile batches).
+Batches:
 
 * ``honest``: 128 correct answers in math-verify's equivalent forms (fractions, decimals,
   ``x=``, sets, intervals, roots), against their ground truths;
@@ -93,18 +96,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--timeout", type=float, default=3.0, help="grading bound in seconds, both graders")
     parser.add_argument("--before-ref", default="main", help="git revision of the grader to compare against")
+    parser.add_argument("--before-from", help="JSON file this script wrote: keep its before numbers (same --timeout, "
+                        "processes and batch) rather than spend minutes measuring the old grader again")  # fmt: skip
     parser.add_argument("--out", help="JSON file to write the numbers to")
     args = parser.parse_args()
     processes = int(os.environ.setdefault("MATH_GRADER_PROCESSES", str(len(os.sched_getaffinity(0)))))
 
     from molt_flashreinforce.agents import grading as after
 
-    results = {}
+    results, before_ref = {}, args.before_ref
+    if args.before_from:
+        earlier = json.loads(Path(args.before_from).read_text())
+        settings = {"timeout_s": args.timeout, "grader_processes": processes, "batch": BATCH}
+        if {key: earlier[key] for key in settings} != settings:
+            parser.error(f"{args.before_from} was measured with other settings than {settings}")
+        results["before"], before_ref = earlier["results"]["before"], earlier["before_ref"]
     with tempfile.TemporaryDirectory() as workdir:
-        graders = {"before": _before(workdir, args.before_ref), "after": after}
+        graders = {"after": after} if args.before_from else {"before": _before(workdir, before_ref), "after": after}
         for name, grader in graders.items():
-            # Start every grader process before timing (the old pool starts them on demand).
+            # Start every grader process before timing (the pools start them on demand); this
+            # checkout's graders warm up before they serve, so wait until all of them are up.
             asyncio.run(_grade_batch(grader, [(*HONEST[0], True)] * processes, 120.0))
+            started = time.monotonic()
+            while hasattr(grader, "POOL") and len(grader.POOL.grader_pids()) < processes:
+                if time.monotonic() - started > 120:
+                    sys.exit(f"only {len(grader.POOL.grader_pids())} of {processes} graders started in 120 s")
+                time.sleep(0.05)
             results[name] = {batch: asyncio.run(_grade_batch(grader, rows, args.timeout))
                              for batch, rows in _batches().items()}  # fmt: skip
     ratios = {batch: round(results["before"][batch]["wall_s"] / results["after"][batch]["wall_s"], 1)
@@ -117,7 +134,7 @@ def main() -> None:
     print("before / after wall time: " + ", ".join(f"{batch} x{ratio}" for batch, ratio in ratios.items()))
     if args.out:
         record = {"cpus": os.cpu_count(), "grader_processes": processes, "timeout_s": args.timeout, "batch": BATCH,
-                  "before_ref": args.before_ref, "python": platform.python_version(), "results": results,
+                  "before_ref": before_ref, "python": platform.python_version(), "results": results,
                   "before_over_after": ratios}  # fmt: skip
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:

@@ -33,6 +33,7 @@ import pytest
 
 from molt_flashreinforce.agents import grading
 from molt_flashreinforce.agents.answer_screens import screen
+from molt_flashreinforce.agents.grader_pool import GraderPool, Verdict
 from molt_flashreinforce.agents.grading import SLACK_S, grade, grade_async
 from molt_flashreinforce.agents.strict_equivalence import parse_answer
 
@@ -154,20 +155,31 @@ def test_honest_shapes_pass_the_screens(answer):
     assert screen(answer) is None
 
 
+async def _start_every_grader():
+    # A grader takes a second or more to start (its warm-up included); the agents start one
+    # early (POOL.warm_up), the benchmark all of them. The floods below measure the pool, not that.
+    await asyncio.gather(*(grade_async("\\boxed{0.5}", "\\frac12", 60.0) for _ in range(grading.POOL.processes)))
+    started = time.monotonic()
+    while len(grading.POOL.grader_pids()) < grading.POOL.processes and time.monotonic() - started < 60.0:
+        await asyncio.sleep(0.05)
+
+
+async def _timed(coroutine):
+    start = time.monotonic()
+    result = await coroutine
+    return result, time.monotonic() - start
+
+
 def test_an_honest_answer_in_a_flood_of_slow_ones_is_graded_correctly_within_the_bound():
     timeout_s, flood = 2.0, 4 * grading.POOL.processes + 8
 
-    async def timed(coroutine):
-        start = time.monotonic()
-        result = await coroutine
-        return result, time.monotonic() - start
-
     async def honest_after(delay_s):
         await asyncio.sleep(delay_s)  # while every grader is busy with the flood
-        return await timed(grade_async("\\boxed{\\frac{1}{2}}", "0.5", timeout_s))
+        return await _timed(grade_async("\\boxed{\\frac{1}{2}}", "0.5", timeout_s))
 
     async def everything():
-        hostile = [timed(grade_async(f"\\boxed{{{SLOW}}}", SLOW_TRUTH, timeout_s)) for _ in range(flood)]
+        await _start_every_grader()
+        hostile = [_timed(grade_async(f"\\boxed{{{SLOW}}}", SLOW_TRUTH, timeout_s)) for _ in range(flood)]
         return await asyncio.gather(honest_after(0.3), *hostile)
 
     (honest, honest_s), *hostile = asyncio.run(everything())
@@ -180,6 +192,41 @@ def test_an_honest_answer_in_a_flood_of_slow_ones_is_graded_correctly_within_the
     assert honest_s <= timeout_s + SLACK_S + 0.5
 
 
+# Honest answers that the graders compare (none equals its ground truth as text), each some
+# hundredths of a second to a warm grader and none shorter than SLOW, so that serving short
+# answers first does not put them ahead of it.
+HONEST_IN_A_FLOOD = [
+    ("\\frac{\\pi}{2}", "\\pi/2"), ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"), ("\\frac{3}{4}+\\frac{1}{4}", "1"),
+    ("2\\sqrt{2}+\\frac{1}{2}", "\\sqrt{8}+0.5"), ("\\sqrt{2}\\cdot\\sqrt{8}", "4"),
+]  # fmt: skip
+
+
+def test_honest_answers_all_through_a_flood_of_slow_ones_are_graded_correctly_within_the_bound():
+    # Slow answers arrive in waves a second apart for as long as the bound, one per grader in
+    # each; honest answers arrive with every wave, after its slow ones. The pool that gave each
+    # slow answer its whole compute budget in one run kept every grader busy with them
+    # throughout: it timed out 18 of these 20 honest answers.
+    timeout_s, waves, slow_per_wave = 4.0, 4, grading.POOL.processes
+
+    async def flood():
+        await _start_every_grader()
+        honest, hostile = [], []
+        for _ in range(waves):
+            hostile += [asyncio.ensure_future(_timed(grade_async(f"\\boxed{{{SLOW}}}", SLOW_TRUTH, timeout_s)))
+                        for _ in range(slow_per_wave)]  # fmt: skip
+            honest += [asyncio.ensure_future(_timed(grade_async(f"\\boxed{{{answer}}}", truth, timeout_s)))
+                       for answer, truth in HONEST_IN_A_FLOOD]  # fmt: skip
+            await asyncio.sleep(1.0)
+        return await asyncio.gather(*honest), await asyncio.gather(*hostile)
+
+    honest, hostile = asyncio.run(flood())
+    for (result, elapsed), (answer, _) in zip(honest, HONEST_IN_A_FLOOD * waves):
+        assert result.correct and not result.timed_out, answer
+        assert elapsed <= timeout_s + SLACK_S + 0.5, answer
+    for result, elapsed in hostile:
+        assert result.timed_out and elapsed <= timeout_s + SLACK_S + 0.5
+
+
 def test_the_blocking_grade_is_bounded_too():
     start = time.monotonic()
     result = grade(f"\\boxed{{{SLOW}}}", SLOW_TRUTH, timeout_s=1.0)
@@ -189,6 +236,17 @@ def test_the_blocking_grade_is_bounded_too():
 def _live_grader_pid() -> int:
     assert grade("\\boxed{\\frac{1}{2}}", "0.5").correct
     return grading.POOL.grader_pids()[0]
+
+
+def test_an_overrunning_comparison_is_stopped_by_its_grader_which_stays_up():
+    pool = GraderPool(1, grading.POOL.memory_bytes)  # its own, so that its one grader is known
+    try:
+        assert pool.submit("\\frac{1}{2}", "0.5", time.monotonic() + 60.0, 30.0).result() is Verdict.CORRECT
+        (pid,) = pool.grader_pids()
+        assert pool.submit(SLOW, SLOW_TRUTH, time.monotonic() + 2.0, 1.0).result() is Verdict.TIMED_OUT
+        assert pool.grader_pids() == [pid]  # not killed, so not replaced
+    finally:
+        pool.close()
 
 
 def test_graders_have_a_memory_limit_and_are_the_oom_killers_first_choice():
@@ -206,14 +264,20 @@ def test_a_grader_that_dies_is_replaced_and_its_answer_graded_wrong_and_counted(
     worker.start()
     # Kill every live grader, as the OOM killer or a crash would, until the slow answer's own
     # grader has died under it (it needs far longer than this loop to finish).
+    killed = set()
     while worker.is_alive():
         for pid in grading.POOL.grader_pids():
             os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
         worker.join(timeout=0.3)
     (died,) = results
     assert died.grader_died and not died.correct and not died.timed_out
     assert died.info()["grader_restarts"] == 1
-    assert grade("\\boxed{\\frac{1}{2}}", "0.5").correct  # a fresh grader took over
+    # The last round also killed idle graders: once they are gone (not still dying as the next
+    # answer arrives, which would count against it), a fresh grader takes over.
+    while killed & set(grading.POOL.grader_pids()):
+        time.sleep(0.01)
+    assert grade("\\boxed{\\frac{1}{2}}", "0.5").correct
 
 
 @pytest.mark.parametrize(

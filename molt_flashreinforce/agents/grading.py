@@ -13,10 +13,11 @@ the **last** ``\\boxed{...}`` (or ``\\fbox{...}``) of ``response``; none means i
    the screen;
 3. otherwise ``strict_equivalence.equivalent`` decides in a grader process of this module's
    ``GraderPool``: math-verify's equivalences, but only for an answer its parser read whole.
-   The comparison may use half of ``timeout_s`` (so a grader busy with an overrunning answer
-   is free again while a waiting answer still has time); an answer that overruns, or that is
-   still waiting at ``timeout_s``, is incorrect with ``timed_out``; one whose grader died is
-   incorrect with ``grader_died``. Graders are replaced.
+   The comparison may use half of ``timeout_s`` in all (so a grader busy with an overrunning
+   answer is free again while a waiting answer still has time), in runs that start short (the
+   pool's lanes: slow answers cannot keep an honest one waiting); an answer that overruns, or
+   that is still waiting at ``timeout_s``, is incorrect with ``timed_out``; one whose grader
+   died is incorrect with ``grader_died``. Dead graders are replaced.
 
 Settings (environment, read once at import): ``MATH_GRADER_TIMEOUT`` (seconds, default 5),
 ``MATH_GRADER_PROCESSES`` (default: the CPUs this process may use), ``MATH_GRADER_MEM_BYTES``
@@ -39,7 +40,8 @@ from molt_flashreinforce.agents.grader_pool import GraderPool, Verdict, node_cpu
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
 # A grade returns at most this long after its timeout: the time to notice the deadline and
-# hand the verdict over; killing an overrunning grader happens after the caller has its answer.
+# hand the verdict over; replacing a grader that would not stop happens after the caller has
+# its answer.
 SLACK_S = 0.25
 COMPUTE_SHARE = 0.5
 
