@@ -30,7 +30,7 @@ def _seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
 
 
-def fault_row(run_dir: Path, experiment: str) -> dict | None:
+def fault_row(run_dir: Path, experiment: str, algo: str) -> dict | None:
     """The struck attempt of a run and the one after it, or None for a run no fault struck."""
     record, attempts = run_dir / "fault.json", run_dir / "launch" / "attempts.json"
     if not (record.is_file() and attempts.is_file()):
@@ -38,10 +38,11 @@ def fault_row(run_dir: Path, experiment: str) -> dict | None:
     fault, attempts = json.loads(record.read_text()), json.loads(attempts.read_text())
     hit = next(i for i, a in enumerate(attempts) if a["ended"] and _seconds(a["ended"]) >= fault["struck_at"] - 1)
     struck, resumed = attempts[hit], attempts[hit + 1]
-    return {"experiment": experiment, "fault": fault["fault"], "step_struck": fault["after_step"],
+    return {"experiment": experiment, "algo": algo, "fault": fault["fault"], "step_struck": fault["after_step"],
             "attempt_ended_after_s": round(_seconds(struck["ended"]) - fault["struck_at"], 1),
             "next_attempt_after_s": round(_seconds(resumed["started"]) - _seconds(struck["ended"]), 1),
-            "resumed_from_step": resumed["resumed_from_step"], "cause": struck["cause"]}
+            "resumed_from_step": resumed["resumed_from_step"],
+            "cause": struck["cause"].replace(str(run_dir), "<run>")}  # no machine's path in the docs
 
 
 def main(run_dirs: list[str], note: str = "") -> None:
@@ -55,7 +56,7 @@ def main(run_dirs: list[str], note: str = "") -> None:
             | {"weight_checks_landed": sum("landed on every" in line for line in summary["weight_checks"]),
                "weight_checks": len(summary["weight_checks"]),
                "wall_s": round(sum(summary["phases_s"].values()), 1)})
-        faults += filter(None, [fault_row(Path(run_dir), summary["experiment"])])
+        faults += filter(None, [fault_row(Path(run_dir), summary["experiment"], summary["algo"])])
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     (HERE / "results.json").write_text(json.dumps({"machine": machine, "note": note, "rehearsals": rows, "faults": faults}, indent=1) + "\n")
 
@@ -84,9 +85,9 @@ def main(run_dirs: list[str], note: str = "") -> None:
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
     lines = [f"Measured on {machine}{f', {note}' if note else ''}, by the fault-injection rehearsals of "
              "tests/test_rehearsal_runs.py (`python experiments/rehearsal/collect.py`; times to the second).", "",
-             "| experiment | fault (after step) | attempt ended after | next attempt after | resumed from step | the line |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {f['experiment']} | {f['fault']} ({f['step_struck']}) | {f['attempt_ended_after_s']:.0f} s "
+             "| experiment | algo | fault (after step) | attempt ended after | next attempt after | resumed from step | the line |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {f['experiment']} | {f['algo']} | {f['fault']} ({f['step_struck']}) | {f['attempt_ended_after_s']:.0f} s "
               f"| {f['next_attempt_after_s']:.0f} s | {f['resumed_from_step']} | `{f['cause']}` |" for f in faults]
     (HERE / "faults.md").write_text("\n".join(lines) + "\n")
 
