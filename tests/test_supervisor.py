@@ -41,6 +41,11 @@ ATTEMPT = textwrap.dedent("""
     def step(n):
         (where / "step.json").write_text(json.dumps({"step": n, "time": time.time()}))
     what = behaviour[min(attempt, len(behaviour) - 1)]
+    if what == "broken":  # an actor's constructor raises (the agent file, a config error): no step yet
+        (where / "failure.json").write_text(json.dumps(
+            {"what": "actor GenerateSamplesActor", "node": "n1", "step": 0, "cause": "its constructor raised",
+             "code_fault": True}))
+        sys.exit(75)
     step(1)
     if what == "finish":
         step(2); sys.exit(0)
@@ -93,6 +98,13 @@ def test_a_crash_is_restarted_from_the_checkpoint_and_every_attempt_is_recorded(
     assert attempts[0]["cause"].endswith("its worker process died (pid 7)") and attempts[0]["last_step"] == 1
     assert attempts[1]["cause"] == "finished" and attempts[1]["last_step"] == 2
     assert not (tmp_path / supervisor.PROGRESS_SUBDIR / FAILURE_FILE).exists()  # each attempt starts clean
+
+
+def test_a_code_fault_before_the_first_step_is_not_restarted(tmp_path):
+    start, started = attempts_of("broken", tmp_path)
+    with pytest.raises(ClusterError, match="its constructor raised; not restarted: it failed before its first optimizer step"):
+        supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 0).run(start)
+    assert len(started) == 1
 
 
 def test_restarts_used_up_end_the_run_in_one_line_that_keeps_the_run_directory(tmp_path):
@@ -213,9 +225,10 @@ def test_a_fault_names_the_actor_and_its_slurm_node_and_ignores_other_jobs():
               "DeathCause": _dead("WORKER_DIED")}
     assert find_fault([engine], nodes, "01000000", {}) is None
     assert find_fault([engine], nodes, "02000000", {}) == {
-        "what": "actor RolloutRayActor", "node": "n2", "cause": "its worker process died (pid 4242)"}
+        "what": "actor RolloutRayActor", "node": "n2", "cause": "its worker process died (pid 4242)", "code_fault": False}
     constructor = {**engine, "DeathCause": _dead(constructor_failed=True)}
     assert find_fault([constructor], nodes, "02000000", {})["cause"] == "its constructor raised"
+    assert find_fault([constructor], nodes, "02000000", {})["code_fault"]  # it would raise again
     # A dead node's entry has no resources left: it keeps the name it had while alive.
     lost = [{**nodes[0], "Alive": False, "Resources": {}, "DeathReasonMessage": "health check failed"}]
     assert find_fault([], lost, "02000000", {"a": "n2"}) == {"what": "Ray node", "node": "n2", "cause": "health check failed"}

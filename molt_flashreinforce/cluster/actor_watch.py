@@ -36,6 +36,10 @@ FAULT_GRACE_S = 30.0
 # ActorDiedErrorContext reasons that mean a fault, not an end someone asked for (ray.kill, out of
 # scope) or the consequence of another death (its owner's), which is reported itself.
 FAULT_REASONS = {"WORKER_DIED": "its worker process died", "NODE_DIED": "its node died"}
+CONSTRUCTOR_RAISED = "its constructor raised"
+RUNTIME_ENV_FAILED = "its runtime environment could not be set up"
+# Faults of the run's own code or config: they come back at every attempt that gets as far.
+CODE_FAULTS = {CONSTRUCTOR_RAISED, RUNTIME_ENV_FAILED}
 
 
 def actor_fault(actor: dict) -> str | None:
@@ -46,9 +50,9 @@ def actor_fault(actor: dict) -> str | None:
     if cause.HasField("oom_context"):
         return "it ran out of memory"
     if cause.HasField("creation_task_failure_context"):
-        return "its constructor raised"
+        return CONSTRUCTOR_RAISED
     if cause.HasField("runtime_env_failed_context"):
-        return "its runtime environment could not be set up"
+        return RUNTIME_ENV_FAILED
     if not cause.HasField("actor_died_error_context"):
         return None
     context = cause.actor_died_error_context
@@ -66,7 +70,8 @@ def find_fault(actors: list[dict], nodes: list[dict], job_id: str, seen_alive: d
         cause = actor_fault(actor)
         if cause:
             node_id = actor["Address"]["NodeID"]
-            return {"what": f"actor {actor['ActorClassName']}", "node": names.get(node_id, node_id), "cause": cause}
+            return {"what": f"actor {actor['ActorClassName']}", "node": names.get(node_id, node_id), "cause": cause,
+                    "code_fault": cause in CODE_FAULTS}
     for node in nodes:
         if node["NodeID"] in seen_alive and not node["Alive"]:
             return {"what": "Ray node", "node": names[node["NodeID"]],

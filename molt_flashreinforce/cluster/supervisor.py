@@ -28,7 +28,9 @@ plugin/progress.py) and returns its process. While it runs, the supervisor watch
 
 After a crash or a stall the attempt's processes are stopped (`before_restart` does the rest, e.g.
 wait for a lost node to rejoin) and a new attempt resumes from the last complete checkpoint, up to
-`max_restarts` times; one line says what happened and from which step it goes on. Every attempt
+`max_restarts` times; one line says what happened and from which step it goes on. Not restarted:
+an attempt that failed through the run's own code or config (an actor's constructor raised, Molt
+raised on its own) before its first optimizer step, since every attempt would fail the same way. Every attempt
 is recorded in `<run_dir>/launch/attempts.json` (start, end, cause, the step it resumed from and
 the last step it reported), across requeues too.
 """
@@ -57,7 +59,7 @@ PROGRESS_SUBDIR = "progress"
 STACKS_SUBDIR = "stacks"
 POLL_S = 1.0
 PREFIX = "molt-flashreinforce"
-FINISHED, FAULT, STOPPED, ENDED = "finished", "fault", "stopped", "ended"
+FINISHED, FAULT, STALLED, STOPPED, ENDED = "finished", "fault", "stalled", "stopped", "ended"
 RUNNING = "RUNNING"  # slurmctld's JobState of a job that is not ending
 
 
@@ -171,8 +173,8 @@ class Supervisor:
 
     def _watch(self, child: Child, started: float, dump_elsewhere: Callable[[Path], None],
                attempt: int) -> tuple[str, str]:
-        """(outcome, cause): outcome is FINISHED, FAULT, STOPPED (on SLURM's request) or ENDED (SLURM
-        is ending the job)."""
+        """(outcome, cause): outcome is FINISHED, FAULT, STALLED, STOPPED (on SLURM's request) or
+        ENDED (SLURM is ending the job)."""
         while True:
             code = child.poll()
             if code is not None:
@@ -194,7 +196,7 @@ class Supervisor:
                 stacks.dump_descendants(where / "head")
                 dump_elsewhere(where)
                 processes.stop_tree(child.pid)
-                return FAULT, f"{PREFIX}: {stall}; the stacks of every process are in {where}"
+                return STALLED, f"{PREFIX}: {stall}; the stacks of every process are in {where}"
             time.sleep(POLL_S)
 
     # -- the run ---------------------------------------------------------------------------
@@ -225,12 +227,18 @@ class Supervisor:
             self._record(attempt)
             if outcome == FINISHED:
                 return restarts
-            if read_json(self.progress / FAILURE_FILE) is None:  # else the driver printed the line itself
+            failure = read_json(self.progress / FAILURE_FILE)
+            if failure is None:  # else the driver printed the line itself
                 print(cause, flush=True)
             if outcome == ENDED:
                 raise processes.Terminated()
             if outcome == STOPPED:
                 raise Requeue(cause)
+            code_fault = failure.get("code_fault", False) if failure else outcome == FAULT  # Molt raised itself
+            if code_fault and attempt.last_step is None:
+                raise ClusterError(
+                    f"{cause.removeprefix(PREFIX + ': ')}; not restarted: it failed before its first optimizer step, "
+                    f"so every attempt would. {self.run_dir} keeps the logs: {self.run_dir / 'molt.log'} says why")
             if restarts >= self.resilience.max_restarts:
                 raise ClusterError(
                     f"{cause.removeprefix(PREFIX + ': ')}; not restarted: resilience.max_restarts={self.resilience.max_restarts} "
