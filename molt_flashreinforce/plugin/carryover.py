@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import functools
 
+from molt_flashreinforce.plugin.patching import patch_once
+
 UNTRAINED_KEY = "untrained_prompts"
 DRAINED_KEY = "untrained_prompts_end_their_episode"
 _INSTALLED_MARK = "_molt_flashreinforce_carryover"
@@ -151,8 +153,5 @@ def install() -> None:
     from molt.trainer import rl_trainer
     from molt.trainer.rollout.samples_generator import SamplesGenerator
 
-    for cls, patch in ((SamplesGenerator, _patch_generator),
-                       (rl_trainer.GenerateSamplesActor.__ray_metadata__.modified_class, _patch_generator_actor)):
-        if not cls.__dict__.get(_INSTALLED_MARK):
-            patch(cls)
-            setattr(cls, _INSTALLED_MARK, True)
+    patch_once(((SamplesGenerator, _patch_generator),
+                (rl_trainer.GenerateSamplesActor.__ray_metadata__.modified_class, _patch_generator_actor)), _INSTALLED_MARK)

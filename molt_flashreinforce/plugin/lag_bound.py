@@ -43,6 +43,7 @@ import functools
 import math
 
 from molt_flashreinforce import metrics
+from molt_flashreinforce.plugin.patching import patch_once
 from molt_flashreinforce.plugin.policy_lag import VERSION_ATTRIBUTE, max_policy_lag
 
 BOARD_NAME = "molt_flashreinforce_policy_versions"
@@ -294,7 +295,4 @@ def install() -> None:
         (rl_trainer.GenerateSamplesActor.__ray_metadata__.modified_class, _patch_generator_actor),
         (rl_trainer.TrainingActor.__ray_metadata__.modified_class, _patch_trainer),
     ]
-    for cls, patch in targets:
-        if not cls.__dict__.get(_INSTALLED_MARK):
-            patch(cls)
-            setattr(cls, _INSTALLED_MARK, True)
+    patch_once(targets, _INSTALLED_MARK)

@@ -45,6 +45,7 @@ import functools
 import time
 
 from molt_flashreinforce import metrics
+from molt_flashreinforce.plugin.patching import patch_once
 
 DISPATCH_TIME_ATTRIBUTE = "policy_dispatch_time"
 FINISH_TIME_ATTRIBUTE = "policy_finish_time"
@@ -189,7 +190,4 @@ def install() -> None:
         (rl_trainer.BaseRLTrainer, _patch_trainer),
         *((cls, _patch_trainer) for cls in ray_captured_trainer_classes(rl_trainer)),
     ]
-    for cls, patch in targets:
-        if not cls.__dict__.get(_INSTALLED_MARK):
-            patch(cls)
-            setattr(cls, _INSTALLED_MARK, True)
+    patch_once(targets, _INSTALLED_MARK)

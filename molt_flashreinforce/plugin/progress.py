@@ -35,6 +35,8 @@ import signal
 import time
 from pathlib import Path
 
+from molt_flashreinforce.plugin.patching import patch_once
+
 PROGRESS_DIR_VARIABLE = "MOLT_FLASHREINFORCE_PROGRESS_DIR"
 STEP_FILE = "step.json"
 ROLLOUT_FILE = "rollout"
@@ -120,11 +122,8 @@ def install() -> None:
     from molt.trainer import rl_trainer
     from molt.trainer.rollout.samples_generator import SamplesGenerator
 
-    for cls, patch in ((rl_trainer.TrainingActor.__ray_metadata__.modified_class, _patch_trainer),
-                       (SamplesGenerator, _patch_generator)):
-        if not cls.__dict__.get(_INSTALLED_MARK):
-            patch(cls)
-            setattr(cls, _INSTALLED_MARK, True)
+    patch_once(((rl_trainer.TrainingActor.__ray_metadata__.modified_class, _patch_trainer),
+                (SamplesGenerator, _patch_generator)), _INSTALLED_MARK)
 
 
 def defer_slurm_signals() -> None:
