@@ -12,7 +12,8 @@ calls first let each one's isolation probe and the page cache settle. Every call
 
 The old implementation is read from git (the parent of the commit that removed its
 ``jail.py``) into a temporary directory and imported from there, under another name; it exists
-only inside this benchmark.
+only inside this benchmark. A clone without that history (a shallow one) measures the current
+sandbox alone and says so; ``git fetch --unshallow`` brings the comparison back.
 """
 
 from __future__ import annotations
@@ -38,16 +39,21 @@ OLD_FILES = ("executor.py", "jail.py")
 SANDBOX_DIR = "molt_flashreinforce/agents/sandbox"
 
 
+def _git(*arguments: str) -> str | None:
+    done = subprocess.run(["git", "-C", str(REPO), *arguments], capture_output=True, text=True)
+    return done.stdout if done.returncode == 0 else None
+
+
 def _old_sandbox(workdir: str):
-    """The first sandbox's executor, imported from its last commit as ``first_sandbox``."""
-    removal = subprocess.run(
-        ["git", "-C", str(REPO), "rev-list", "-1", "HEAD", "--", f"{SANDBOX_DIR}/jail.py"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    for name in OLD_FILES:
-        text = subprocess.run(
-            ["git", "-C", str(REPO), "show", f"{removal}^:{SANDBOX_DIR}/{name}"], capture_output=True, text=True, check=True
-        ).stdout
+    """The first sandbox's executor, imported from its last commit as ``first_sandbox``; None when
+    this clone's history does not reach it."""
+    removal = (_git("rev-list", "-1", "HEAD", "--", f"{SANDBOX_DIR}/jail.py") or "").strip()
+    texts = {name: _git("show", f"{removal}^:{SANDBOX_DIR}/{name}") if removal else None for name in OLD_FILES}
+    if None in texts.values():
+        print("bench_sandbox: the first sandbox (jail.py) is not in this clone's history (a shallow clone?); "
+              "measuring the current sandbox alone (git fetch --unshallow for the comparison)", flush=True)
+        return None
+    for name, text in texts.items():
         # Its one package import becomes a sibling import; the jail runs by path as before.
         text = text.replace("from molt_flashreinforce.agents.sandbox.jail import", "from first_sandbox_jail import")
         Path(workdir, "first_sandbox_jail.py" if name == "jail.py" else "first_sandbox.py").write_text(text)
@@ -109,7 +115,8 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as workdir:
-        impls = {"old": _old_sandbox(workdir), "new": sandbox}
+        old = _old_sandbox(workdir)
+        impls = {"new": sandbox} if old is None else {"old": old, "new": sandbox}
         modes = {name: impl.isolation().mode for name, impl in impls.items()}
         limits = {name: impl.SandboxLimits(timeout_s=30.0) for name, impl in impls.items()}
         for name, impl in impls.items():
@@ -129,7 +136,7 @@ def main() -> None:
         name: {"isolation_mode": modes[name], "1": _summary(*sequential[name]), "32": _summary(*concurrent[name])}
         for name in impls
     }
-    ratios = {
+    ratios = {} if "old" not in impls else {
         level: {
             "p50_new_over_old": round(results["new"][level]["p50_ms"] / results["old"][level]["p50_ms"], 2),
             "calls_per_s_new_over_old": round(

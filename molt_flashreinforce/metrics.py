@@ -1,8 +1,10 @@
 """Metric (TensorBoard tag) names shared by every backend and by the report.
 
 Molt's `TrainingActor` logs each step's dict under `train/<key>` and eval results under
-`eval/<key>` (W&B and TensorBoard alike). The local CPU backend writes the same tags, so
-one report reads both. Keep every tag this package writes or reads here.
+`eval/<key>` (W&B and TensorBoard alike); the numeric `Result.info` keys of an agent and the
+`Experience.info` keys of the loss become `train/<key>` too. The local CPU backend writes the same
+tags, so one report reads both. Keep every tag this package writes or reads here, and write a
+step key as `step_key(TAG)`.
 """
 
 from __future__ import annotations
@@ -44,10 +46,19 @@ POLICY_VERSIONS_MIXED = "train/policy_versions_mixed_fraction"  # trajectories s
 # dropped for exceeding the bound while the step's batch was collected.
 POLICY_LAG_AT_BOUND = "train/policy_lag_at_bound"
 POLICY_LAG_DROPPED = "train/policy_lag_dropped"
-TOOL_CALLS = "train/tool_calls"  # numeric agent `Result.info` key `tool_calls`
+
+# ── numeric agent `Result.info` keys (agents/*_env.py), per trajectory ──
 TURNS = "train/turns"
-# Numeric math `Result.info` keys (agents/grading.py, Grade.info): 0/1 per graded rollout, so
-# Molt's per-step mean is the fraction of the step's rollouts (count = mean x num_samples).
+TURN_LIMIT_REACHED = "train/turn_limit_reached"
+TOOL_CALLS = "train/tool_calls"  # python tool: calls made, valid or not
+INVALID_TOOL_CALLS = "train/invalid_tool_calls"
+TOOL_TIMEOUTS = "train/tool_timeouts"
+SANDBOX_ERRORS = "train/sandbox_errors"  # calls the sandbox could not run
+WON = "train/won"  # ALFWorld: the game's goal reached
+INVALID_ACTIONS = "train/invalid_actions"  # ALFWorld: actions the game did not admit
+# The math grader's (agents/grading.py, Grade.info): 0/1 per graded rollout, so Molt's per-step
+# mean is the fraction of the step's rollouts (count = mean x num_samples).
+MISSING_ANSWER = "train/missing_answer"  # no final answer to grade
 GRADER_TIMEOUTS = "train/grader_timeouts"  # overran the grading bound, queueing included
 GRADER_REJECTED = "train/grader_rejected"  # refused by a static screen, never parsed
 GRADER_RESTARTS = "train/grader_restarts"  # its grader process died and was replaced
@@ -57,11 +68,18 @@ GENERATED_TOKENS = "train/generated_tokens"  # response tokens sampled by the po
 TRAINED_TOKENS = "train/trained_tokens"  # prompt + response tokens through forward/backward
 
 
+def step_key(tag: str) -> str:
+    """The key of a step's status, a `Result.info` or an `Experience.info` that Molt logs as `tag`."""
+    if not tag.startswith("train/"):
+        raise ValueError(f"{tag} is not a train/ tag")
+    return tag.removeprefix("train/")
+
+
 def eval_pass1(datasource: str) -> str:
     """Mean over prompts of the mean reward of its eval samples (avg@n), per datasource."""
     return f"eval/eval_{datasource}_pass1"
 
 
-def eval_passn(datasource: str, n: int) -> str:
-    """Mean over prompts of the best reward of its n eval samples (pass@n)."""
-    return f"eval/eval_{datasource}_pass{n}"
+def eval_pass1_stderr(datasource: str) -> str:
+    """Standard error over prompts of `eval_pass1` (written by molt-flashreinforce-eval; Molt logs none)."""
+    return f"eval/eval_{datasource}_pass1_stderr"

@@ -38,60 +38,27 @@ the loss once per micro-batch of a larger optimizer-step window.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, Mapping
 
 import torch
+
+from molt_flashreinforce.algo_settings import check_loss, check_value, loss_settings
 
 PROBABILITY_CLAMP = 1e-6  # Molt clamps both probabilities to [1e-6, 1 - 1e-6] before the binary KL.
 # ceil(q * T) in floating point: 0.9 * 10 = 9.000000000000002 must keep 9 tokens, not 10.
 _CEIL_TOLERANCE = 1e-9
 
-GATE_LEVELS = ("sequence", "token")
-GATE_MEANS = ("arithmetic", "geometric")
-REDUCTIONS = ("sample_mean", "token_mean", "constant_length")
-
-
-@dataclass(frozen=True)
-class FlashReinforceConfig:
-    """The algorithm's knobs. Defaults are the paper's method with the reference loss's delta."""
-
-    delta: float = 3e-3  # trust-region threshold on the mean Bernoulli KL; inf = no trust region
-    gate_level: str = "sequence"  # sequence: drop the trajectory; token: drop single tokens
-    gate_mean: str = "arithmetic"  # how the sequence gate averages the per-token KL
-    reduction: str = "sample_mean"  # sample_mean | token_mean | constant_length
-    constant_length: int | None = None  # the length constant of reduction=constant_length
-    importance_sampling: bool = True  # False: ratio 1 and, as in the paper's ablation, no gate
-    entropy_filter_q: float = 1.0  # keep ceil(q*T_i) highest-entropy tokens of failed rows
+class _ConfigMethods:
+    """What `FlashReinforceConfig` adds to its fields."""
 
     def __post_init__(self) -> None:
-        delta = float(self.delta)
-        if math.isnan(delta) or delta < 0:
-            raise ValueError(f"delta must be >= 0 (inf disables the trust region), got {self.delta!r}")
-        object.__setattr__(self, "delta", delta)
-        if self.gate_level not in GATE_LEVELS:
-            raise ValueError(f"gate_level must be one of {GATE_LEVELS}, got {self.gate_level!r}")
-        if self.gate_mean not in GATE_MEANS:
-            raise ValueError(f"gate_mean must be one of {GATE_MEANS}, got {self.gate_mean!r}")
-        if self.gate_level == "token" and self.gate_mean != "arithmetic":
-            raise ValueError("gate_mean averages over a trajectory, so it needs gate_level=sequence; "
-                             "the token gate compares each token's KL with delta directly")
-        if self.reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
-        if self.reduction == "constant_length":
-            if self.constant_length is None or int(self.constant_length) != self.constant_length \
-                    or self.constant_length <= 0:
-                raise ValueError("reduction=constant_length needs a positive integer constant_length "
-                                 f"(the paper's tool variant uses 6144), got {self.constant_length!r}")
-        elif self.constant_length is not None:
-            raise ValueError(f"constant_length is only used by reduction=constant_length, "
-                             f"got it with reduction={self.reduction!r}; remove it or change the reduction")
-        q = float(self.entropy_filter_q)
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(f"entropy_filter_q must be in [0, 1] (1 = filter off), got {self.entropy_filter_q!r}")
-        object.__setattr__(self, "entropy_filter_q", q)
-        if not isinstance(self.importance_sampling, bool):
-            raise ValueError(f"importance_sampling must be true or false, got {self.importance_sampling!r}")
+        # Each field's type, choices and range, then the rules between them (algo_settings.py).
+        values = {s.name: check_value(s, getattr(self, s.name), "") for s in loss_settings()}
+        check_loss(values)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
     @property
     def uses_entropy_filter(self) -> bool:
@@ -107,6 +74,15 @@ class FlashReinforceConfig:
             if value is not None:
                 values[field.name] = value
         return cls(**values)
+
+
+# The algorithm's knobs, one field per loss setting of algo_settings.py (its default: the paper's
+# method with the reference loss's delta).
+FlashReinforceConfig = make_dataclass(
+    "FlashReinforceConfig",
+    [(s.name, s.type | None if s.optional else s.type, dataclass_field(default=s.default)) for s in loss_settings()],
+    bases=(_ConfigMethods,), frozen=True, namespace={"__module__": __name__})
+FlashReinforceConfig.__doc__ = "The algorithm's knobs (algo_settings.py). Defaults are the paper's method."
 
 
 @dataclass(frozen=True)

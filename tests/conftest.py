@@ -1,4 +1,5 @@
-"""Shared fixtures: a real SLURM cluster of several nodes on this host (scripts/local_slurm.sh).
+"""Shared fixtures: a real SLURM cluster of several nodes on this host (scripts/local_slurm.sh), and
+the eval command's inputs (`eval_inputs`).
 
 `slurm` starts it on first use (a private munged, slurmctld and one slurmd per node n1..n4) and
 stops it when the session ends. It needs Debian's slurm-wlm and munge (scripts/setup_slurm.sh
@@ -48,3 +49,75 @@ def slurm(tmp_path_factory):
         yield env
     finally:
         subprocess.run(["bash", script, "down", str(root)], timeout=120)
+
+
+# ── the eval command's inputs (tests/test_eval_command.py, tests/test_eval_engine.py) ──
+
+FIXTURE_DATA = Path(__file__).parent / "fixtures" / "data"
+EVAL_SOURCES = {
+    "math_qwen2p5_1p5b": {"dapo": "dapo.jsonl", "math500": "math500.parquet", "amc23": "amc23.json",
+                          "minerva": "minerva.jsonl", "aime25": "aime25.jsonl", "olympiadbench": "olympiadbench.jsonl"},
+    "python_tool_qwen2p5_7b": {"dapo": "dapo.jsonl", "amc23": "amc23.json", "minerva": "minerva.jsonl",
+                               "aime25": "aime25.jsonl"},
+}
+
+
+class EvalInputs:
+    @staticmethod
+    def compose_experiment(name: str, *overrides: str):
+        from hydra import compose, initialize_config_module
+        from omegaconf import OmegaConf
+
+        with initialize_config_module(config_module="molt_flashreinforce.conf", version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[f"experiment={name}", *overrides])
+        OmegaConf.resolve(cfg)
+        return cfg
+
+    @staticmethod
+    def write_data(experiment: str, out: Path) -> Path:
+        """The data command's eval (and train) files from the shipped source fixtures."""
+        from molt_flashreinforce.data.cli import main as data_main
+
+        argv = [experiment, "--out", str(out)]
+        for name, file in EVAL_SOURCES[experiment].items():
+            argv += ["--source", f"{name}={FIXTURE_DATA / file}"]
+        assert data_main(argv) == 0
+        return out
+
+    @staticmethod
+    def save_molt_checkpoint(model_dir: Path, run_dir: Path, step: int) -> Path:
+        """What Molt's actor writes at `global_step{step}` (one FSDP rank), written by Molt's own
+        CheckpointManager through NeMo AutoModel's checkpointer."""
+        from types import SimpleNamespace
+
+        import torch
+        import torch.distributed as dist
+        from molt.trainer.fsdp.checkpoint import CheckpointManager
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+        strategy = SimpleNamespace(_unwrap_model=lambda m: m, param_dtype="bf16", moe_mesh=None,
+                                   _get_dp_rank=lambda include_cp=True: 0, _get_automodel_rank=lambda name: 0)
+        actor = run_dir / "ckpt" / "state" / "_actor"
+        dist.init_process_group("gloo", init_method=f"file://{run_dir / 'process_group'}", rank=0, world_size=1)
+        try:
+            CheckpointManager(strategy).save_ckpt(model, str(actor), f"global_step{step}",
+                                                  client_states={"global_step": step})
+        finally:
+            dist.destroy_process_group()
+        return actor / f"global_step{step}"
+
+    @staticmethod
+    def write_run_config(run_dir: Path, experiment: str, model_dir: Path, data_dir: Path, algo: str) -> None:
+        """The `.hydra/config.yaml` a training run of `experiment` on `model_dir` leaves."""
+        from omegaconf import OmegaConf
+
+        cfg = EvalInputs.compose_experiment(experiment, f"algo={algo}", f"model.name_or_path={model_dir}",
+                                            f"data.dir={data_dir}")
+        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+        (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+
+
+@pytest.fixture(scope="session")
+def eval_inputs():
+    return EvalInputs

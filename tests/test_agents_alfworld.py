@@ -17,7 +17,7 @@ from molt.agents.base import load_agent_runner
 
 from molt_flashreinforce.agents import agent_path
 from molt_flashreinforce.agents.alfworld_game import AlfWorldDataError, resolve_game_file
-from molt_flashreinforce.agents.alfworld_protocol import INSTRUCTIONS, OBSERVATION_SLOT, describe, parse_action
+from molt_flashreinforce.agents.alfworld_protocol import INSTRUCTIONS, OBSERVATION_SLOT, describe, game_prompt, parse_action
 
 _spec = importlib.util.spec_from_file_location(
     "molt_harness", Path(__file__).parent / "fixtures" / "agents" / "molt_harness.py"
@@ -61,7 +61,10 @@ def runner(monkeypatch):
 
 def test_solving_the_game_gives_reward_one_and_masks_the_game_text(runner, tokenizer):
     actions = [act(c) for c in SOLUTION]
-    trajectory, policy = harness.run_episode(runner, tokenizer, list(actions), TRAIN_GAME, PROMPT)
+    # The data command's prompt, whose game tag (there for Molt's per-datasource eval) the model never sees.
+    tagged = harness.chat_prompt(None, game_prompt(TRAIN_GAME))
+    assert tagged != PROMPT and TRAIN_GAME in tagged
+    trajectory, policy = harness.run_episode(runner, tokenizer, list(actions), TRAIN_GAME, tagged)
     assert trajectory.reward == 1.0 and not trajectory.truncated
     assert trajectory.extra_logs == {"won": 1, "turns": 5, "invalid_actions": 0, "turn_limit_reached": 0}
     first_prompt = PROMPT.replace(OBSERVATION_SLOT, OPENING)

@@ -30,6 +30,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 from molt_flashreinforce.launch.molt_cli import parse_and_validate  # noqa: E402
 from molt_flashreinforce.plugin import carryover  # noqa: E402
+from molt_flashreinforce.plugin.ray_hooks import install_runtime_patches  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 PROMPTS = [f"prompt {i}" for i in range(12)]
@@ -55,7 +56,7 @@ def runners():
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     runners = [PromptEchoRunner.remote() for _ in range(2)]
     ray.get([r.ready.remote() for r in runners])
-    carryover.install()
+    install_runtime_patches()
     yield runners
     ray.shutdown()
 

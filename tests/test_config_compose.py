@@ -10,13 +10,9 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-GPU_EXPERIMENTS = (
-    "math_qwen2p5_1p5b",
-    "python_tool_qwen2p5_7b",
-    "moe_lag8_qwen3_30b_a3b",
-    "alfworld_qwen2p5_7b",
-    "long_horizon_r1_distill_1p5b",
-)
+from molt_flashreinforce import conf
+
+GPU_EXPERIMENTS = tuple(conf.paper_experiments())
 ALGOS = ("flashreinforce", "grpo")
 
 

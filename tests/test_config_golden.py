@@ -17,14 +17,10 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from molt_flashreinforce import conf
+
 GOLDEN = Path(__file__).parent / "golden"
-EXPERIMENTS = (
-    "math_qwen2p5_1p5b",
-    "python_tool_qwen2p5_7b",
-    "moe_lag8_qwen3_30b_a3b",
-    "alfworld_qwen2p5_7b",
-    "long_horizon_r1_distill_1p5b",
-)
+EXPERIMENTS = tuple(conf.paper_experiments())
 CASES = [(experiment, algo) for experiment in EXPERIMENTS for algo in ("flashreinforce", "grpo")]
 
 

@@ -18,11 +18,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from molt_flashreinforce.agents.alfworld_game import resolve_game_file
+from molt_flashreinforce.agents.alfworld_protocol import game_prompt
 from molt_flashreinforce.agents.labels import ground_truth
 from molt_flashreinforce.agents.python_tool_protocol import SYSTEM_PROMPT
 from molt_flashreinforce.data.cli import _math_part_rows, main
 from molt_flashreinforce.data.math_rows import BOXED_INSTRUCTION
-from molt_flashreinforce.data.recipes import Part
+from molt_flashreinforce.data.recipes import Part, eval_datasources
 from molt_flashreinforce.data.schema import MalformedRowError, validate_row
 from molt_flashreinforce.data.tiny_rows import TINY_CONFIG
 
@@ -113,14 +114,31 @@ def test_tool_experiments_carry_the_tool_system_prompt(tmp_path, capsys):
         assert all(r["prompt"][0]["content"] == SYSTEM_PROMPT for r in train + evaluation)
 
 
-def test_long_horizon_keeps_each_test_benchmark_apart(tmp_path, capsys):
+def test_long_horizon_names_aime24_and_aime25_from_each_records_data_source(tmp_path, capsys):
     sources = [f"sanity_train={FIXTURES / 'sanity_train.jsonl'}", f"sanity_test={FIXTURES / 'sanity_test.jsonl'}"]
     status, out, err = run("long_horizon_r1_distill_1p5b", tmp_path, sources, capsys)
     assert status == 0, err
-    train = read_rows(tmp_path / "long_horizon_r1_distill_1p5b" / "train.jsonl")
+    folder = tmp_path / "long_horizon_r1_distill_1p5b"
+    train = read_rows(folder / "train.jsonl")
     # The source already asks for \boxed{}: no second instruction.
     assert train[1]["prompt"][0]["content"].count("\\boxed") == 1 and BOXED_INSTRUCTION not in train[1]["prompt"][0]["content"]
-    assert "  aime25: 2\n  aime_2024: 1\n" in out
+    evaluation = read_rows(folder / "eval.jsonl")
+    # The test split's data_source values aime_2024 / aime_2025 become the recipe's names.
+    assert [(r["datasource"], r["reward_model"]["ground_truth"]) for r in evaluation] == [
+        ("aime24", "204"), ("aime24", "25"), ("aime25", "70"), ("aime25", "588"), ("aime25", "16")]
+    assert "  aime24: 2\n  aime25: 3\n" in out
+
+
+def test_long_horizon_refuses_an_unknown_data_source_before_writing(tmp_path, capsys):
+    odd = tmp_path / "sanity_test.jsonl"
+    odd.write_text((FIXTURES / "sanity_test.jsonl").read_text().replace('"aime_2025"', '"AIME 2025"', 1))
+    sources = [f"sanity_train={FIXTURES / 'sanity_train.jsonl'}", f"sanity_test={odd}"]
+    status, _, err = run("long_horizon_r1_distill_1p5b", tmp_path / "out", sources, capsys)
+    assert status == 2
+    (line,) = err.strip().splitlines()[-1:]
+    assert (f"{odd} row 3: data_source 'AIME 2025' is not a benchmark of this source; known: "
+            "'aime_2024' (-> aime24), 'aime_2025' (-> aime25)") in line
+    assert not (tmp_path / "out" / "long_horizon_r1_distill_1p5b").exists()
 
 
 def test_alfworld_game_lists(tmp_path, capsys, monkeypatch):
@@ -131,11 +149,14 @@ def test_alfworld_game_lists(tmp_path, capsys, monkeypatch):
     assert [r["game_file"] for r in train] == [
         "json_2.1.1/train/pick_and_place_simple-Apple-None-Fridge-1/trial_T1/game.tw-pddl"
     ]
-    assert [r["datasource"] for r in evaluation] == ["alfworld_valid_seen", "alfworld_valid_unseen"]
+    assert [r["datasource"] for r in evaluation] == list(eval_datasources("alfworld_qwen2p5_7b"))
+    assert eval_datasources("alfworld_qwen2p5_7b") == ("alfworld_valid_seen", "alfworld_valid_unseen")
     assert "train: alfworld -> 1 rows (fewer than the 1024 wanted)" in err
     monkeypatch.setenv("ALFWORLD_DATA", str(ALFWORLD))
     for row in train + evaluation:
         assert Path(resolve_game_file(row["game_file"])).is_file()
+        # Each game's prompt is its own text (Molt attributes eval samples to datasources by prompt text).
+        assert row["prompt"][-1]["content"] == game_prompt(row["game_file"])
         assert "{{alfworld_observation}}" in row["prompt"][-1]["content"]
 
 

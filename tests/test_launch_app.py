@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from molt_flashreinforce.launch.app import open_molt_overrides
+from molt_flashreinforce.app.shell import open_molt_overrides
 from molt_flashreinforce.launch.job import MoltJob, run_molt_job
 from molt_flashreinforce.launch.render import MoltCommand
 

@@ -80,7 +80,7 @@ def test_extended_copy_links_every_file_and_raises_only_the_context(tmp_path):
     cfg = compose_job("experiment=math_qwen2p5_1p5b", f"model.name_or_path={source}", f"model.dir={tmp_path / 'models'}")
     assert checks.model_max_positions(cfg) == (6144, f"{copy}/config.json")
     checks.check_config(cfg)
-    assert not [p for p in checks.missing_resources(cfg, None) if "model_context" in p]
+    assert not [p for p in checks.missing_resources(cfg, None, model_context.extended_copy_path(cfg)) if "model_context" in p]
 
 
 def test_an_override_below_the_models_context_is_refused():

@@ -33,7 +33,8 @@ from molt.trainer.rollout.samples_generator import SamplesGenerator  # noqa: E40
 
 from molt_flashreinforce import metrics  # noqa: E402
 from molt_flashreinforce.launch.molt_cli import parse_and_validate  # noqa: E402
-from molt_flashreinforce.plugin import SETUP_HOOK, policy_lag  # noqa: E402
+from molt_flashreinforce.plugin import SETUP_HOOK, policy_lag, seams  # noqa: E402
+from molt_flashreinforce.plugin.ray_hooks import install_runtime_patches  # noqa: E402
 
 
 # Ray's workers cannot import this test module: ship what it defines by value.
@@ -55,7 +56,7 @@ class EchoRunner:
 
 @pytest.fixture(scope="module")
 def generator():
-    # Our launcher's runtime env: every worker runs the setup hook (register + policy_lag.install).
+    # Our launcher's runtime env: every worker runs the setup hook (register + the runtime patches).
     pythonpath = os.pathsep.join(filter(None, [str(VLLM_STUB), os.environ.get("PYTHONPATH")]))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": {"PYTHONPATH": pythonpath}})
@@ -66,7 +67,7 @@ def generator():
     ])
     runners = [EchoRunner.remote() for _ in range(2)]
     ray.get([r.ready.remote() for r in runners])
-    policy_lag.install()
+    install_runtime_patches()
     prompts = [(None, [f"p{i}", f"p{i + 1}"], ["l", "l"], [None, None], [None, None]) for i in range(0, 12, 2)]
     generator = SamplesGenerator(strategy=types.SimpleNamespace(args=args), prompts_dataloader=prompts,
                                  eval_dataloader=None, tokenizer=None, agent_runners=runners)
@@ -87,7 +88,7 @@ def patched_trainer(during_step=lambda: None):
             time.sleep(0.002)  # a real step takes seconds; keep dispatch and refit times distinct
             return {"policy_loss": 0.0}, global_step + 1
 
-    policy_lag._patch_trainer(StepTrainer)
+    seams.wrap_trainer(StepTrainer)
     return StepTrainer()
 
 
@@ -99,7 +100,7 @@ def _batch(generator):
 
 def test_install_is_idempotent_and_wraps_molts_real_methods(generator):
     wrapped = SamplesGenerator._dispatch_to_agent_runners
-    policy_lag.install()
+    install_runtime_patches()
     assert SamplesGenerator._dispatch_to_agent_runners is wrapped
     assert BaseRLTrainer.train_step.__wrapped__.__qualname__ == "BaseRLTrainer.train_step"
     assert SamplesGenerator._filter_group.__wrapped__.__qualname__ == "SamplesGenerator._filter_group"
@@ -195,11 +196,11 @@ def test_install_reaches_the_class_ray_remote_captured():
     BaseRLTrainer alone never reaches the actor; install() patches the captured class itself."""
     from molt.trainer import rl_trainer
 
-    policy_lag.install()
+    install_runtime_patches()
     captured = rl_trainer.TrainingActor.__ray_metadata__.modified_class
-    assert captured in policy_lag.ray_captured_trainer_classes(rl_trainer)
+    assert captured in seams.captured_trainer_classes(rl_trainer)
     assert captured.__dict__["train_step"].__name__ == "train_step"  # functools.wraps keeps the name
-    assert captured.__dict__.get("_molt_flashreinforce_policy_lag") is True
+    assert captured.__dict__["train_step"]._molt_flashreinforce_seam is True
     assert captured.__dict__["train_step"].__wrapped__ is not BaseRLTrainer.__dict__["train_step"]
 
 

@@ -11,19 +11,21 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
+from molt_flashreinforce import conf
 from molt_flashreinforce.launch import model_context
 from molt_flashreinforce.launch.errors import LaunchError
 from molt_flashreinforce.launch.job import prepare_molt_job
 from molt_flashreinforce.launch.molt_cli import parse_and_validate
 from molt_flashreinforce.launch.render import MOLT_ENTRY_MODULE
+from molt_flashreinforce.launch.validate import validate
 
-EXPERIMENTS = (
-    "math_qwen2p5_1p5b",
-    "python_tool_qwen2p5_7b",
-    "moe_lag8_qwen3_30b_a3b",
-    "alfworld_qwen2p5_7b",
-    "long_horizon_r1_distill_1p5b",
-)
+EXPERIMENTS = tuple(conf.paper_experiments())
+
+
+# Steps whose HF export is kept: where each paper table is read (R1: its curve, every 1,024).
+KEPT_EXPORTS = {"math_qwen2p5_1p5b": ([2000], None), "python_tool_qwen2p5_7b": ([600], None),
+                "moe_lag8_qwen3_30b_a3b": ([800], None), "alfworld_qwen2p5_7b": ([200], None),
+                "long_horizon_r1_distill_1p5b": ([], 1024)}
 
 
 def compose_job(*overrides: str, dry_run: bool = True):
@@ -58,6 +60,9 @@ def test_flashreinforce_renders_the_recipe_and_plugin_flags(tmp_path, experiment
         "reduction": cfg.algo.reduction, "constant_length": None,
         "importance_sampling": cfg.algo.importance_sampling, "entropy_filter_q": cfg.algo.entropy_filter_q,
         "max_policy_lag": cfg.algo.max_policy_lag,
+        # The steps the paper's table reports, exported and kept outside Molt's rotation (plugin/exports.py).
+        "export_steps": KEPT_EXPORTS[experiment][0], "export_every": KEPT_EXPORTS[experiment][1],
+        "export_dir": str(tmp_path / "exports"),
     }
     expected_model = model_context.extended_copy_path(cfg) or cfg.model.name_or_path
     assert args.actor.model_name_or_path == str(expected_model)
@@ -89,6 +94,22 @@ def test_unbounded_lag_renders_no_flag_and_is_refused_under_the_molt_node(tmp_pa
     assert parse_and_validate(job.command.argv(missing="x")).flashreinforce.max_policy_lag is None
     with pytest.raises(LaunchError, match="molt.flashreinforce.max_policy_lag is owned by algo.max_policy_lag"):
         prepare(tmp_path, "experiment=math_qwen2p5_1p5b", "++molt.flashreinforce.max_policy_lag=3")
+
+
+def test_kept_exports_are_the_paper_tables_steps_and_configurable(tmp_path):
+    flags = vars(parse_and_validate(prepare(tmp_path / "mine", "experiment=math_qwen2p5_1p5b", "exports.steps=[500,1000]",
+                                            "exports.every=250").command.argv(missing="x")).flashreinforce)
+    assert (flags["export_steps"], flags["export_every"]) == ([500, 1000], 250)
+    none = prepare(tmp_path / "none", "experiment=math_qwen2p5_1p5b", "exports.steps=[]").command.argv(missing="x")
+    assert not any(flag.startswith("--flashreinforce.export") for flag in none)
+    for override, message in (("exports.steps=2000", "exports.steps=2000 must be a list of optimizer steps >= 1"),
+                              ("exports.steps=[0]", "must be a list of optimizer steps >= 1"),
+                              ("exports.every=0", "exports.every=0 must be an integer >= 1"),
+                              ("rehearsal.export_steps=[-1]", "rehearsal.export_steps=\\[-1\\] must be a list")):
+        with pytest.raises(LaunchError, match=message):
+            validate(compose_job("experiment=math_qwen2p5_1p5b", "rehearsal=cpu", override))
+    with pytest.raises(LaunchError, match="molt.flashreinforce.export_dir is owned by the run directory"):
+        prepare(tmp_path / "owned", "experiment=math_qwen2p5_1p5b", "+molt.flashreinforce.export_dir=x")
 
 
 def test_records_hold_a_runnable_command_and_the_launch_context(tmp_path):

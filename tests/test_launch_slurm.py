@@ -65,9 +65,12 @@ def test_multirun_through_the_molt_slurm_launcher_survives_a_failing_job(slurm, 
 
 @pytest.mark.slow
 def test_plain_sbatch_script_runs_one_node_and_writes_where_its_header_says(slurm, tmp_path):
-    # One node, no GPU, one CPU: command-line options override the script's #SBATCH lines.
+    # One node, no GPU, one CPU: command-line options override the script's #SBATCH lines, the time
+    # limit's warning too (the script's USR2@900 would come at once within --time=10, while Python
+    # still imports, before any handler exists).
     submitted = subprocess.run(
         ["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=10",
+         "--signal=USR2@60",
          str(REPO / "launchers" / "slurm_job.sbatch"), "tiny", "grpo", *TINY[1:]],
         cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=60,
     )

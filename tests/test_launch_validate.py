@@ -1,6 +1,6 @@
 """Bad input on the real command line, per backend: one line on stderr naming the key, the value and
 the fix; exit status 2; no traceback; nothing printed twice; no run directory left behind. Plus the
-validation layer's pieces in process (choices shared with the objective, run-directory cleanup)."""
+validation layer's pieces in process (run-directory cleanup)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-from molt_flashreinforce import objective
 from molt_flashreinforce.launch import validate as validation
-from molt_flashreinforce.launch.app import remove_unused_run_dir
+from molt_flashreinforce.app import dispatch
+from molt_flashreinforce.app.shell import remove_unused_run_dir
 from molt_flashreinforce.launch.errors import LaunchError
 
 PREFIX = "molt-flashreinforce: error: "
@@ -135,12 +135,6 @@ def compose_config(*overrides: str):
         return compose(config_name=validation.CONFIG_NAME, overrides=list(overrides))
 
 
-def test_choices_are_the_objectives():
-    assert validation.GATE_LEVELS == objective.GATE_LEVELS
-    assert validation.GATE_MEANS == objective.GATE_MEANS
-    assert validation.FLASHREINFORCE_REDUCTIONS == objective.REDUCTIONS
-
-
 @pytest.mark.parametrize("overrides", [
     ["experiment=tiny"], ["experiment=tiny", "algo=grpo"], ["experiment=tiny", "algo.delta=inf"],
     ["experiment=math_qwen2p5_1p5b"], ["experiment=python_tool_qwen2p5_7b", "algo=grpo"],
@@ -148,7 +142,7 @@ def test_choices_are_the_objectives():
     ["experiment=alfworld_qwen2p5_7b", "algo=grpo"],
 ])
 def test_every_shipped_experiment_passes(overrides):
-    validation.validate(compose_config(*overrides))
+    dispatch.validate(compose_config(*overrides))
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -166,7 +160,7 @@ def test_every_shipped_experiment_passes(overrides):
 ])
 def test_validate_names_the_key_the_value_and_the_fix(overrides, message):
     with pytest.raises(LaunchError) as error:
-        validation.validate(compose_config("experiment=tiny", *overrides))
+        dispatch.validate(compose_config("experiment=tiny", *overrides))
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
@@ -205,7 +199,7 @@ def test_only_a_run_directory_holding_hydras_files_is_removed(tmp_path):
 ])
 def test_a_lag_bound_the_runtime_could_not_hold_is_refused(overrides, message):
     with pytest.raises(LaunchError) as error:
-        validation.validate(compose_config(*overrides))
+        dispatch.validate(compose_config(*overrides))
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
@@ -215,4 +209,4 @@ def test_the_paper_bounds_are_set_and_within_their_pools():
                                     ("math_qwen2p5_1p5b", "grpo", 1)):
         cfg = compose_config(f"experiment={experiment}", f"algo={algo}")
         assert cfg.algo.max_policy_lag == bound
-        validation.validate(cfg)
+        dispatch.validate(cfg)

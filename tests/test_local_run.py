@@ -174,3 +174,27 @@ def test_without_molt_flashreinforce_falls_back_to_the_torch_objective(tmp_path,
     summary = run(_cfg(steps=2), tmp_path)
     assert summary["loss_path"] == "TorchFlashReinforce"
     assert tags.ACCEPTANCE_RATE in read_scalars(tmp_path)
+
+
+def test_sigusr2_checkpoints_the_update_under_way_and_training_goes_on(tmp_path, monkeypatch, capsys):
+    """SLURM's `--signal=USR2@900` before the time limit: the CPU backend keeps the update under way
+    in a checkpoint instead of dying (SIGUSR2's default action), and finishes if time allows."""
+    import os
+    import signal
+
+    from molt_flashreinforce.local.trainer import LocalTrainer
+
+    step = LocalTrainer.step
+
+    def step_then_warned(self):
+        logged = step(self)
+        if self.version == 1:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return logged
+
+    monkeypatch.setattr(LocalTrainer, "step", step_then_warned)
+    summary = run(_cfg(steps=3, checkpoint={"every": 10, "keep_last": 5}), tmp_path)
+    assert summary["updates"] == 3
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001.pt", "step_000003.pt"]
+    assert f"time limit near (SIGUSR2): checkpoint at update 1; rerun in {tmp_path} to resume" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL  # the handler is the run's alone

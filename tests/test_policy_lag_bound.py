@@ -33,7 +33,8 @@ from molt.trainer.rollout.samples_generator import SamplesGenerator  # noqa: E40
 
 from molt_flashreinforce import metrics  # noqa: E402
 from molt_flashreinforce.launch.molt_cli import parse_and_validate  # noqa: E402
-from molt_flashreinforce.plugin import lag_bound, policy_lag  # noqa: E402
+from molt_flashreinforce.plugin import lag_bound, policy_lag, seams  # noqa: E402
+from molt_flashreinforce.plugin.ray_hooks import install_runtime_patches  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -65,7 +66,7 @@ def local_ray():
     # address="local": a cluster of its own even where another Ray cluster runs on the machine
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
-    lag_bound.install()
+    install_runtime_patches()
     yield
     ray.shutdown()
 
@@ -143,12 +144,27 @@ def test_first_hold_back_starts_from_the_trainers_step(version_board):
 # ---------------------------------------------------------------- stragglers, in Molt's own generator
 
 
-def _generator(args, prompts: int):
+def _generator(args, prompts: int, eval_prompts: int = 0):
     runners = [EchoRunner.remote() for _ in range(2)]
     ray.get([r.ready.remote() for r in runners])
     loader = [(None, [f"p{i}"], ["l"], [None], [None]) for i in range(prompts)]
+    eval_loader = [(None, [f"e{i}"], ["l"], [None], [None]) for i in range(eval_prompts)]
     return SamplesGenerator(strategy=types.SimpleNamespace(args=args), prompts_dataloader=loader,
-                            eval_dataloader=None, tokenizer=None, agent_runners=runners)
+                            eval_dataloader=eval_loader, tokenizer=None, agent_runners=runners)
+
+
+def test_the_eval_at_start_goes_through_the_bounded_generator_before_any_batch(version_board):
+    """Molt's eval at step 0 collects through the same `_filter_group` before the first training
+    batch has made the in-flight pool; the bound neither needs that pool nor stamps eval samples
+    with a version that was never counted."""
+    args = molt_args("--rollout.batch_size", "2", "--train.batch_size", "2", "--flashreinforce.max_policy_lag", "1")
+    generator = _generator(args, prompts=4, eval_prompts=3)
+    lag_bound.attach_gate(generator, args, version_board)
+    assert not hasattr(generator, "_inflight_rollouts")
+    evaluated = generator.generate_eval_samples(n_samples_per_prompt=1)
+    assert len(evaluated) == 3
+    samples, _, _, _ = generator.generate_samples(n_samples_per_prompt=1)
+    assert [getattr(s, policy_lag.VERSION_ATTRIBUTE) for s in samples] == [0, 0]
 
 
 def test_stale_groups_are_dropped_counted_and_replaced(version_board):
@@ -205,8 +221,7 @@ def _bounded_trainer(bound: int | None):
         def train_step(self, rollout_samples, global_step):
             return {}, global_step + 1
 
-    policy_lag._patch_trainer(StepTrainer)
-    lag_bound._patch_trainer(StepTrainer)
+    seams.wrap_trainer(StepTrainer)
     return StepTrainer()
 
 
@@ -245,11 +260,11 @@ def test_unbounded_trainer_reports_no_bound_fields(local_ray):
 def test_install_reaches_the_actor_classes_ray_captured(local_ray):
     from molt.trainer import rl_trainer
 
-    lag_bound.install()
+    install_runtime_patches()
     generator_actor = rl_trainer.GenerateSamplesActor.__ray_metadata__.modified_class
     training_actor = rl_trainer.TrainingActor.__ray_metadata__.modified_class
     assert generator_actor.__dict__["__init__"].__wrapped__.__qualname__ == "GenerateSamplesActor.__init__"
     assert training_actor.__dict__["fit"].__wrapped__.__qualname__ == "TrainingActor.fit"
     wrapped = SamplesGenerator.generate_samples
-    lag_bound.install()
+    install_runtime_patches()
     assert SamplesGenerator.generate_samples is wrapped

@@ -47,7 +47,7 @@ DRIVER = textwrap.dedent(
             from molt.trainer.algorithm.advantage import ADVANTAGE_ESTIMATORS
             from molt.trainer.workers.policy_actor import PolicyTrainer
             return {"pid": os.getpid(), "estimators": sorted(ADVANTAGE_ESTIMATORS), "losses": sorted(POLICY_LOSSES),
-                    "trainer_patched": bool(getattr(PolicyTrainer, "_flashreinforce_patched", False))}
+                    "trainer_patched": bool(getattr(PolicyTrainer.training_step, "_molt_flashreinforce_seam", False))}
 
     probes = [Probe.remote() for _ in range(2)]
     print(json.dumps(ray.get([probe.registries.remote() for probe in probes])))
@@ -102,3 +102,58 @@ def test_runtime_env_hook_refuses_to_replace_another_setup_hook():
     assert runtime_env_hook({"env_vars": {"A": "1"}})["env_vars"] == {"A": "1"}
     with pytest.raises(ValueError, match="only one"):
         runtime_env_hook({"worker_process_setup_hook": "other.module.hook"})
+
+
+TAMPERING_HOOK = textwrap.dedent(
+    """
+    def setup_worker():  # this worker's Molt drifted: Actor._restore_full_sequence lost `indices`
+        from molt.models import actor
+        def _restore_full_sequence(self, t, *, cp_forward, batch, seqlen):
+            return t
+        actor.Actor._restore_full_sequence = _restore_full_sequence
+        from molt_flashreinforce.plugin.ray_hooks import setup_worker as plugins_hook
+        plugins_hook()
+    """
+)
+WORKER_DRIVER = textwrap.dedent(
+    """
+    import json, pathlib, sys, time
+    import ray
+    ray.init(address="local", runtime_env={"worker_process_setup_hook": "tampering_hook.setup_worker"}, num_cpus=1,
+             include_dashboard=False, log_to_driver=False)
+
+    @ray.remote(num_cpus=1)
+    class Probe:
+        def ping(self):
+            return "ran"
+
+    probe = Probe.remote()
+    failure = pathlib.Path(sys.argv[1]) / "failure.json"
+    deadline = time.monotonic() + 120
+    while not failure.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    print(failure.read_text() if failure.exists() else "{}")
+    ray.shutdown()
+    """
+)
+
+
+def test_a_worker_whose_molt_drifted_records_one_line_naming_the_symbol(tmp_path):
+    """The driver's Molt is as tested, a worker's is not: the worker's setup hook refuses before any
+    actor runs and records why for the supervisor (tests/test_supervisor.py: that ends the run)."""
+    (tmp_path / "tampering_hook.py").write_text(TAMPERING_HOOK)
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MOLT_FLASHREINFORCE_PROGRESS_DIR": str(progress)}
+    path = [str(tmp_path)] + ([] if _vllm_installed() else [str(Path(__file__).parents[1] / "molt_flashreinforce" / "rehearsal" / "vllm_standin")])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*path, env.get("PYTHONPATH")]))
+    env.pop("RAY_RUNTIME_ENV_HOOK", None)
+    result = subprocess.run([sys.executable, "-c", WORKER_DRIVER, str(progress)], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    failure = json.loads(result.stdout.strip().splitlines()[-1])
+    assert failure["what"].startswith("a Ray worker (pid ") and failure["code_fault"] and failure["every_attempt"]
+    assert failure["cause"] == (
+        "Molt's molt.models.actor.Actor._restore_full_sequence takes (self, t, *, cp_forward, batch, seqlen), not "
+        "(self, t, *, cp_forward, batch, seqlen, indices): molt-flashreinforce relies on it as in molt-rl 0.2.1; "
+        "install a tested molt-rl")

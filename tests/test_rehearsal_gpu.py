@@ -101,6 +101,7 @@ def test_the_summary_has_vllm_kl_and_the_weight_check_and_no_standin(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
     from molt_flashreinforce import metrics
+    from molt_flashreinforce.cluster.supervisor import History
 
     writer = SummaryWriter(str(tmp_path / "tensorboard"))
     for step, (kl, consumed) in enumerate([(2e-4, 8.0), (5e-3, 16.0)], start=1):
@@ -108,13 +109,16 @@ def test_the_summary_has_vllm_kl_and_the_weight_check_and_no_standin(tmp_path):
         writer.add_scalar(metrics.ROLLOUTS_CONSUMED, consumed, step)
     writer.close()
     log = "INFO [check_weight_update] the broadcast landed on every vLLM weight\n"  # Molt 0.2.1's line
-    summary = run.summarize(compose_job("gpu", "experiment=python_tool_qwen2p5_7b"), tmp_path, 0, log, {})
+    one_attempt = History(attempts=1, restarts=0, requeues=0, resumed_from=(0,))
+    summary = run.summarize(compose_job("gpu", "experiment=python_tool_qwen2p5_7b"), tmp_path, one_attempt, log, {})
     assert summary.standins == {} and summary.real == run.REAL_PARTS + gpu.REAL_PARTS
     assert summary.vllm_kl_first_step == pytest.approx(2e-4) and summary.steps == 2
     lines = summary.lines()
     assert "  stand-ins: none" in lines and any("weight check landed 1/1" in line for line in lines)
-    on_cpu = run.summarize(compose_job("cpu", "experiment=python_tool_qwen2p5_7b"), tmp_path, 0, log, {})
-    assert on_cpu.standins == standins.STANDINS
+    on_cpu = run.summarize(compose_job("cpu", "experiment=python_tool_qwen2p5_7b"), tmp_path, one_attempt, log, {})
+    assert on_cpu.standins == {**standins.STANDINS, standins.FLOAT32_STANDIN[0]: standins.FLOAT32_STANDIN[1]}
+    moe = run.summarize(compose_job("cpu", "experiment=moe_lag8_qwen3_30b_a3b"), tmp_path, one_attempt, log, {})
+    assert moe.standins == standins.STANDINS  # rehearsal.float32: false, its bf16 kept
 
 
 def test_a_multi_node_allocation_is_refused_in_one_line(tmp_path):

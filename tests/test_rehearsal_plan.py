@@ -78,7 +78,7 @@ def test_a_node_count_the_placement_cannot_spread_over_is_refused_in_one_line(ex
     assert str(refused.value).startswith(f"rehearsal=cpu on {nodes} nodes: ") and "\n" not in str(refused.value)
 
 
-@pytest.mark.parametrize("experiment, nodes, prompts", [("python_tool_qwen2p5_7b", 1, 8), ("long_horizon_r1_distill_1p5b", 1, 8),
+@pytest.mark.parametrize("experiment, nodes, prompts", [("python_tool_qwen2p5_7b", 1, 4), ("long_horizon_r1_distill_1p5b", 1, 8),
                                                         ("moe_lag8_qwen3_30b_a3b", 4, 4)])
 def test_rehearsed_flags_pass_molts_parser_and_validation(tmp_path, experiment, nodes, prompts):
     _, cfg = rehearsed(compose_job(f"experiment={experiment}", "dry_run=true"), tmp_path, nodes=nodes)
@@ -86,6 +86,7 @@ def test_rehearsed_flags_pass_molts_parser_and_validation(tmp_path, experiment, 
     argv = job.command.argv(missing="x")
     assert argv[argv.index("--fsdp.attn_implementation") + 1] == "sdpa"
     assert argv[argv.index("--rollout.batch_size") + 1] == str(prompts)
+    assert ("--eval.eval_at_start" in argv) == bool(cfg.rehearsal.eval_at_start)  # off for the tool and the MoE
 
 
 def test_a_rehearsal_refuses_what_the_real_model_refuses(tmp_path):

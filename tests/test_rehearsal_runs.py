@@ -3,16 +3,17 @@ on as many nodes as its placement spreads over.
 
 Each test runs the real command line: Molt's unmodified `train(args)` with its actors, queue,
 router, FSDP2 actor, refits and checkpointing, this plugin in every worker, and the experiment's
-own agent file, data format and reward. Only the stand-ins listed in `rehearsal.standins.STANDINS`
+own agent file, data format and reward. Only the stand-ins listed by `rehearsal.standins.standins`
 replace what this CPU cannot run (vLLM's engine, NCCL, CUDA).
 
 The experiments whose placement has more than one node run on the local SLURM cluster of
 `conftest.slurm` (four slurmd on this host), through `launchers/slurm_job.sbatch` (math, ALFWorld)
 or the `molt_slurm` Hydra launcher (tool, MoE), so that our head/worker code, Molt's placement
 groups, the router, the gloo refit group and checkpointing all work across Ray nodes. R1 (one
-node) and the GRPO baseline run on this machine as a one-node launch does. The math rehearsal
-resumes on other nodes with another head; the lifecycle tests end a two-node job on purpose and
-by `scancel`, and find no process of it left on any node.
+node) and the GRPO baseline run on this machine as a one-node launch does. The fault battery
+(MOLT_FLASHREINFORCE_FAULT_TESTS=1; see FAULTS) strikes R1, the GRPO baseline and ALFWorld, resumes
+the math rehearsal on other nodes with another head and requeues it, and ends a two-node job on
+purpose and by `scancel`, finding no process of it left on any node.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ import torch
 from molt_flashreinforce import metrics
 from molt_flashreinforce.cluster.ray_nodes import CLUSTER_SUBDIR, HEAD_RECORD
 from molt_flashreinforce.cluster.supervisor import PROGRESS_SUBDIR, STACKS_SUBDIR, read_attempts
+from molt_flashreinforce.data.recipes import eval_datasources
 from molt_flashreinforce.launch.job import latest_checkpoint
-from molt_flashreinforce.plugin.progress import PROGRESS_DIR_VARIABLE, STEP_FILE, read_json, write_json
+from molt_flashreinforce.cluster.progress import PROGRESS_DIR_VARIABLE, STEP_FILE, read_json, write_json
+from molt_flashreinforce.launch.render import EXPORTS_SUBDIR
 from molt_flashreinforce.rehearsal.lag_check import lag_curve, lag_target_problems
 from molt_flashreinforce.rehearsal.run import SUMMARY_NAME, WORK_SUBDIR
-from molt_flashreinforce.rehearsal.standins import STANDINS
+from molt_flashreinforce.rehearsal.standins import FLOAT32_STANDIN, standins
 from molt_flashreinforce.report.events import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -47,7 +50,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SBATCH_SCRIPT = str(REPO / "launchers" / "slurm_job.sbatch")
 TRAJECTORIES_PER_STEP = 8  # rehearsal/cpu.yaml
-PER_STEP = {"alfworld": 4, "moe": 4}  # the experiments' own rehearsal.trajectories_per_step
+PER_STEP = {"alfworld": 4, "moe": 4, "tool": 4}  # the experiments' own rehearsal.trajectories_per_step
 REHEARSAL_TIMEOUT_S = 1200
 # name -> (overrides, how it is launched, nodes). Nodes: the placement's (gpu16_*: 2, the MoE's gpu32: 4).
 REHEARSALS = {
@@ -56,7 +59,8 @@ REHEARSALS = {
     "moe": (["experiment=moe_lag8_qwen3_30b_a3b"], "molt_slurm", 4),
     "alfworld": (["experiment=alfworld_qwen2p5_7b"], "sbatch", 2),
     "r1": (["experiment=long_horizon_r1_distill_1p5b"], "local", 1),
-    "math_grpo": (["experiment=math_qwen2p5_1p5b", "algo=grpo"], "local", 1),
+    # The math rehearsal's eval is the one the report test reads.
+    "math_grpo": (["experiment=math_qwen2p5_1p5b", "algo=grpo", "rehearsal.eval_at_start=false"], "local", 1),
 }
 # The scaled placement: node(s) hosting the policy actor's ranks, and the engines'.
 SPLIT = {"math": (1, 1), "tool": (1, 1), "alfworld": (1, 1), "moe": (2, 2), "r1": (1, 1), "math_grpo": (1, 1)}
@@ -133,7 +137,13 @@ class Fault:
 
 # name -> (the fault its rehearsal survives, the overrides that fault needs): each recovery is
 # then held to the same accounting as an uninterrupted run (check_rehearsal, check_recovery).
-STALL_TIMEOUT_S = 60
+# The fault battery (these strikes and the tests marked `fault_battery`) runs with
+# MOLT_FLASHREINFORCE_FAULT_TESTS=1. Each fault starts Molt's runtime a second time, minutes on 2
+# cores, so the default run (CI's) rehearses every experiment without them; the supervisor's
+# decisions behind each recovery are unit-tested in tests/test_supervisor.py either way.
+FAULT_TESTS = os.environ.get("MOLT_FLASHREINFORCE_FAULT_TESTS") == "1"
+fault_battery = pytest.mark.skipif(not FAULT_TESTS, reason="the fault battery: set MOLT_FLASHREINFORCE_FAULT_TESTS=1")
+STALL_TIMEOUT_S = 30
 FAULTS = {
     "r1": (lambda: Fault("the rollout engine killed (SIGKILL)", signal_engines(signal.SIGKILL), "CpuRolloutEngine"),
            ["rehearsal.save_steps=2"]),
@@ -249,7 +259,7 @@ def rehearsals(tmp_path_factory, request):
     def get(name: str) -> tuple[Path, str]:
         if name not in done:
             overrides, how, nodes = REHEARSALS[name]
-            make_fault, fault_overrides = FAULTS.get(name, (lambda: None, []))
+            make_fault, fault_overrides = FAULTS.get(name, (lambda: None, [])) if FAULT_TESTS else (lambda: None, [])
             fault = get.faults[name] = make_fault()
             overrides = [*overrides, *fault_overrides]
             run_dir = root / name / "first"
@@ -297,8 +307,12 @@ def check_rehearsal(name: str, run_dir: Path, stdout: str, steps: int, min_lag: 
     assert len(summary["weight_checks"]) == steps if fault is None else len(summary["weight_checks"]) > steps
     assert all("landed on every vLLM weight" in line for line in summary["weight_checks"])
     assert latest_checkpoint(run_dir) is not None  # Molt's own checkpointing, from every FSDP rank
-    for standin in STANDINS:
+    # rehearsal.export_steps [2]: Molt's own HF export of step 2, kept outside its checkpoint rotation.
+    exported = run_dir / EXPORTS_SUBDIR / "step_2"
+    assert (exported / "config.json").is_file() and list(exported.glob("*.safetensors")), sorted(run_dir.rglob("*"))[:50]
+    for standin in standins(float32=name != "moe"):  # the MoE keeps its bf16 (rehearsal.float32)
         assert standin in stdout
+    assert (FLOAT32_STANDIN[0] in stdout) == (name != "moe")
     check_placement(name, summary, stdout)
     if fault is not None:
         check_recovery(run_dir, stdout, fault, steps)
@@ -375,11 +389,22 @@ def check_node_logs(run_dir: Path, nodes: int) -> None:
 def test_flashreinforce_rehearsal(rehearsals, name, min_lag):
     run_dir, stdout = rehearsals(name)
     scalars = check_rehearsal(name, run_dir, stdout, steps=4, min_lag=min_lag, fault=rehearsals.faults[name])
+    # Molt's eval at step 0 logs every benchmark under the name the experiment's data recipe gives it,
+    # the name the report reads (the tool's is off: rehearsal.eval_at_start).
+    experiment = REHEARSALS[name][0][0].removeprefix("experiment=")
+    evaluated = {tag for tag in scalars if tag.startswith("eval/") and tag.endswith("_pass1")}
+    expected = {metrics.eval_pass1(datasource) for datasource in eval_datasources(experiment)}
+    assert evaluated == (set() if name == "tool" else expected), (evaluated, expected)
     acceptance = [value for _, value in scalars[metrics.ACCEPTANCE_RATE]]
     assert len(acceptance) == 4 and all(0.0 <= a <= 1.0 for a in acceptance)
     check_node_logs(run_dir, REHEARSALS[name][2])
 
 
+# On request until it fits CI again: in this version's full runs its first step took 360 s (generation
+# 173 s, the update 184 s; load average 11 on 2 cores with four compute processes), so its 14 steps
+# cannot finish within the rehearsal timeout, where an earlier version's took 548 s in all.
+@pytest.mark.skipif(os.environ.get("MOLT_FLASHREINFORCE_MOE_REHEARSAL") != "1",
+                    reason="the 4-node MoE rehearsal: set MOLT_FLASHREINFORCE_MOE_REHEARSAL=1")
 def test_moe_rehearsal_spreads_expert_parallelism_over_nodes_and_holds_the_lag_at_8(rehearsals):
     run_dir, stdout = rehearsals("moe")
     check_rehearsal("moe", run_dir, stdout, steps=14, min_lag=7)
@@ -393,10 +418,11 @@ def test_grpo_rehearsal(rehearsals):
     run_dir, stdout = rehearsals("math_grpo")
     scalars = check_rehearsal("math_grpo", run_dir, stdout, steps=4, min_lag=1, sampled_log_probs=False,  # GRPO: IS off
                               fault=rehearsals.faults["math_grpo"])
-    # The stall's stacks: py-spy's dump of every process of the run, the stopped engine's included.
-    (stacks,) = (run_dir / STACKS_SUBDIR).iterdir()
-    engine_dumps = [dump.read_text(errors="replace") for dump in (stacks / "head").glob("*CpuRolloutEngine*")]
-    assert engine_dumps and all("Thread" in dump for dump in engine_dumps)
+    if rehearsals.faults["math_grpo"] is not None:
+        # The stall's stacks: py-spy's dump of every process of the run, the stopped engine's included.
+        (stacks,) = (run_dir / STACKS_SUBDIR).iterdir()
+        engine_dumps = [dump.read_text(errors="replace") for dump in (stacks / "head").glob("*CpuRolloutEngine*")]
+        assert engine_dumps and all("Thread" in dump for dump in engine_dumps)
     assert metrics.ACCEPTANCE_RATE not in scalars  # stock Molt GRPO: no trust region of ours
 
 
@@ -419,6 +445,7 @@ def release_requeued(job_id: str, env: dict[str, str]) -> None:
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True)
 
 
+@fault_battery
 def test_resume_on_other_nodes_then_sigterm_checkpoints_requeues_and_resumes_the_job(rehearsals, slurm):
     """The math rehearsal again in its run directory, without its first head's node; a SIGTERM in
     the middle (preemption's signal, `scancel --signal=TERM`) checkpoints at the next step, the job
@@ -458,6 +485,7 @@ def test_resume_on_other_nodes_then_sigterm_checkpoints_requeues_and_resumes_the
     assert "n1" not in after["actors_by_node"] and len(after["actors_by_node"]) == 2
 
 
+@fault_battery
 def test_a_job_that_fails_on_purpose_exits_with_the_runs_status_and_leaves_nothing(slurm, tmp_path):
     failing = tmp_path / "failing_agent.py"
     failing.write_text('raise RuntimeError("this agent fails on purpose")\n')
@@ -471,6 +499,7 @@ def test_a_job_that_fails_on_purpose_exits_with_the_runs_status_and_leaves_nothi
     check_node_logs(run_dir, 2)
 
 
+@fault_battery
 def test_scancel_in_the_middle_of_a_step_leaves_no_process_on_any_node(slurm, tmp_path):
     run_dir = tmp_path / "run"
     job_id = sbatch(slurm, tmp_path, 2, ["math_qwen2p5_1p5b", "rehearsal=cpu", "rehearsal.steps=10"], run_dir)
@@ -489,8 +518,25 @@ def test_scancel_in_the_middle_of_a_step_leaves_no_process_on_any_node(slurm, tm
 
 
 def test_report_reads_a_rehearsal(rehearsals, capsys):
+    """The math rehearsal's eval tags, named by Molt after the data command's datasources, fill the
+    paper table's step-0 line (the rehearsal evaluates at start only) with what Molt logged."""
+    import csv
+    import io
+
+    from molt_flashreinforce.data.recipes import eval_datasources
     from molt_flashreinforce.report.cli import main as report
 
     run_dir, _ = rehearsals("math")
-    assert report([str(run_dir)]) == 0
-    assert "math" in capsys.readouterr().out
+    scalars = read_scalars(run_dir / "tensorboard")
+    names = eval_datasources("math_qwen2p5_1p5b")
+    logged = {name: dict(scalars[metrics.eval_pass1(name)])[0] * 100 for name in names}
+    assert report([str(run_dir), "--format", "csv"]) == 0
+    cells = {row["column"]: row for row in csv.DictReader(io.StringIO(capsys.readouterr().out))
+             if row["kind"] == "run" and row["point"] == "step 0 (base model)"}
+    for name in names:
+        assert float(cells[name]["value"]) == pytest.approx(logged[name], abs=1e-4) and cells[name]["steps"] == "0"
+    assert float(cells["five_mean"]["value"]) == pytest.approx(sum(logged.values()) / len(names), abs=1e-4)
+    assert cells["five_mean"]["grader"] == "strict" and cells["five_mean"]["protocol"].startswith("avg@1, T=0.7")
+    assert report([str(run_dir), "--view", "compare", "--format", "csv"]) == 0
+    rejection = next(row for row in csv.DictReader(io.StringIO(capsys.readouterr().out)) if row["row"] == "rejection")
+    assert rejection["this_run"] != "" and rejection["status"] == ""

@@ -20,6 +20,7 @@ import yaml
 from torch.utils.tensorboard import SummaryWriter
 
 from molt_flashreinforce import metrics
+from molt_flashreinforce.data.recipes import eval_datasources
 from molt_flashreinforce.report.cli import main
 from molt_flashreinforce.report.events import read_scalars
 from molt_flashreinforce.report.paper import load_paper_results
@@ -27,7 +28,9 @@ from molt_flashreinforce.report.plot import paper_points
 from molt_flashreinforce.report.runs import expand_run_dirs
 
 HYDRA_APP = Path(__file__).parent / "fixtures" / "report" / "hydra_app" / "app.py"
-TOOL_TASKS = ("amc23", "minerva", "aime25")
+TOOL_TASKS = eval_datasources("python_tool_qwen2p5_7b")
+SEEN, UNSEEN = eval_datasources("alfworld_qwen2p5_7b")  # the data command's names, not a copy
+AIME24, AIME25 = eval_datasources("long_horizon_r1_distill_1p5b")
 NO_COST = "n/a | n/a | n/a | n/a"  # the cost cells of a run that logged no step times or token counts
 
 
@@ -84,7 +87,7 @@ def test_tool_task_uses_last_eval_at_or_before_step_600_and_tool_calls(tmp_path,
     run = make_run(tmp_path / "run", {"experiment_name": "python_tool_qwen2p5_7b",
                                       "algo": {"name": "flashreinforce", "entropy_filter_q": 1.0}},
                    tool_scalars(evals, tool_calls))
-    status, out, err = report(capsys, run, "--format", "csv")
+    status, out, err = report(capsys, run, "--format", "csv", "--view", "compare")
     assert status == 0, err
     rows = csv_rows(out)
     score = only(rows, row="score_600")
@@ -110,7 +113,7 @@ def test_config_picks_the_paper_arm(tmp_path, capsys):
     q05 = make_run(tmp_path / "q05", {"experiment_name": "python_tool_qwen2p5_7b",
                                       "algo": {"name": "flashreinforce", "entropy_filter_q": 0.5}},
                    tool_scalars(evals, {600: 2.0}))
-    status, out, err = report(capsys, grpo, q09, q05, "--format", "csv")
+    status, out, err = report(capsys, grpo, q09, q05, "--format", "csv", "--view", "compare")
     assert status == 0, err
     rows = csv_rows(out)
     assert float(only(rows, run="grpo", row="score_600")["paper"]) == 30.3
@@ -145,7 +148,7 @@ def test_multirun_sweep_becomes_one_table_in_job_order(tmp_path, capsys):
     assert [job.name.split("_")[0] for job in jobs] == ["0", "1", "2", "3"]
     for number, job in enumerate(jobs):
         write_events(job, tool_scalars({task: {600: number / 10} for task in TOOL_TASKS}, {600: float(number)}))
-    status, out, err = report(capsys, sweep, "--format", "csv")
+    status, out, err = report(capsys, sweep, "--format", "csv", "--view", "compare")
     assert status == 0, err
     rows = csv_rows(out)
     assert {row["experiment"] for row in rows} == {"python_tool_qwen2p5_7b"}  # from each job's config
@@ -162,13 +165,13 @@ def test_multirun_sweep_becomes_one_table_in_job_order(tmp_path, capsys):
 def test_r1_curve_final_and_infinite_delta_arm(tmp_path, capsys):
     # Eval every 128 updates: the protocol's 3,968 / 4,992 are eval steps; 6,000 falls back to 5,888.
     steps = range(0, 6001, 128)
-    trust = {metrics.eval_pass1("aime24"): {s: 0.2 + s / 60000 for s in steps},
-             metrics.eval_pass1("aime25"): {s: 0.2 for s in steps}}
+    trust = {metrics.eval_pass1(AIME24): {s: 0.2 + s / 60000 for s in steps},
+             metrics.eval_pass1(AIME25): {s: 0.2 for s in steps}}
     run = make_run(tmp_path / "trust", {"experiment_name": "long_horizon_r1_distill_1p5b",
                                         "algo": {"name": "flashreinforce", "delta": 5.0e-3}}, trust)
     no_trust = make_run(tmp_path / "is_only", {"experiment_name": "long_horizon_r1_distill_1p5b",
                                                "algo": {"name": "flashreinforce", "delta": math.inf}}, trust)
-    status, out, err = report(capsys, run, no_trust, "--format", "csv")
+    status, out, err = report(capsys, run, no_trust, "--format", "csv", "--view", "compare")
     assert status == 0, err
     rows = csv_rows(out)
     final = only(rows, run="trust", row="mean_final")
@@ -197,7 +200,7 @@ def test_math_budget_peak_and_rejection_rate(tmp_path, capsys):
              metrics.ACCEPTANCE_RATE: {s: (0.99 if s % 2 else 1.0) for s in range(1, 4013)}}
     run = make_run(tmp_path / "flash", {"experiment_name": "math_qwen2p5_1p5b", "algo": {"name": "flashreinforce"}},
                    {**evals, **train})
-    status, out, err = report(capsys, run, "--format", "csv")
+    status, out, err = report(capsys, run, "--format", "csv", "--view", "compare")
     assert status == 0, err
     rows = csv_rows(out)
     # The headline comes first: the evaluation at 256k rollouts, then the run's peak and its end.
@@ -218,7 +221,7 @@ def test_math_budget_peak_and_rejection_rate(tmp_path, capsys):
 def test_budget_row_without_rollouts_consumed_is_not_in_this_run(tmp_path, capsys):
     evals = {metrics.eval_pass1(ds): {2000: 0.4} for ds in ("math500", "amc23", "minerva", "aime25", "olympiadbench")}
     run = make_run(tmp_path / "flash", {"experiment_name": "math_qwen2p5_1p5b", "algo": {"name": "flashreinforce"}}, evals)
-    status, out, err = report(capsys, run, "--format", "csv")
+    status, out, err = report(capsys, run, "--format", "csv", "--view", "compare")
     assert status == 0, err
     budget = only(csv_rows(out), row="budget_256k")
     assert budget["this_run"] == "" and budget["status"].startswith("not in this run")
@@ -227,11 +230,11 @@ def test_budget_row_without_rollouts_consumed_is_not_in_this_run(tmp_path, capsy
 
 def test_alfworld_seen_unseen_at_step_200_and_40(tmp_path, capsys):
     steps = range(0, 321, 40)
-    scalars = {metrics.eval_pass1("alfworld_seen"): {s: s / 400 for s in steps},
-               metrics.eval_pass1("alfworld_unseen"): {s: s / 500 for s in steps}}
+    scalars = {metrics.eval_pass1(SEEN): {s: s / 400 for s in steps},
+               metrics.eval_pass1(UNSEEN): {s: s / 500 for s in steps}}
     run = make_run(tmp_path / "no_is", {"experiment_name": "alfworld_qwen2p5_7b",
                                         "algo": {"name": "flashreinforce", "importance_sampling": False}}, scalars)
-    status, out, err = report(capsys, run, "--format", "csv")
+    status, out, err = report(capsys, run, "--format", "csv", "--view", "compare")
     assert status == 0, err
     rows = csv_rows(out)
     assert float(only(rows, row="seen_200")["this_run"]) == pytest.approx(50.0)
@@ -247,16 +250,19 @@ def test_experiment_from_hydra_choice_and_flag(tmp_path, capsys):
     run = make_run(tmp_path / "2026-12-01_09-00-00", {"algo": {"name": "flashreinforce"}},
                    {metrics.eval_pass1("tiny"): {0: 0.1, 50: 0.6}})
     (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"runtime": {"choices": {"experiment": "tiny"}}}}))
-    status, out, err = report(capsys, run, "--format", "csv")
+    status, out, err = report(capsys, run, "--format", "csv", "--view", "compare")
     assert status == 0, err
     assert float(only(csv_rows(out), row="final")["this_run"]) == pytest.approx(60.0)
     assert {row["run"] for row in csv_rows(out)} == {"experiment=tiny algo=flashreinforce"}
-    status, out, err = report(capsys, run, "--experiment", "moe_lag8_qwen3_30b_a3b", "--format", "csv")
-    assert status == 0 and {row["experiment"] for row in csv_rows(out)} == {"moe_lag8_qwen3_30b_a3b"}
+    # Forced onto the MoE experiment, the tiny run has none of its tags: the table is printed, empty, and
+    # the command exits 1 naming what it looked for.
+    status, out, err = report(capsys, run, "--experiment", "moe_lag8_qwen3_30b_a3b", "--format", "csv", "--view", "compare")
+    assert status == 1 and {row["experiment"] for row in csv_rows(out)} == {"moe_lag8_qwen3_30b_a3b"}
+    assert "moe_lag8_qwen3_30b_a3b: no measured cell could be filled" in err and metrics.eval_pass1("amc23") in err
     # Last resort: an `experiment=` override; it is left out of the label (the table names it).
     by_override = make_run(tmp_path / "by_override", {"algo": {"name": "grpo"}},
                            {metrics.eval_pass1("tiny"): {0: 0.1}}, overrides=["experiment=tiny", "seed=3"])
-    status, out, err = report(capsys, by_override, "--format", "csv")
+    status, out, err = report(capsys, by_override, "--format", "csv", "--view", "compare")
     assert status == 0, err
     assert {(row["experiment"], row["run"], row["paper_arm"]) for row in csv_rows(out)} == {("tiny", "experiment=tiny algo=grpo seed=3", "GRPO")}
 
@@ -266,7 +272,7 @@ def test_run_without_config_uses_default_arm_and_needs_experiment(tmp_path, caps
     write_events(bare, tool_scalars({task: {600: 0.37} for task in TOOL_TASKS}, {600: 3.25}))
     status, out, err = report(capsys, bare)
     assert status == 2 and "pass --experiment NAME" in err
-    status, out, err = report(capsys, bare, "--experiment", "python_tool_qwen2p5_7b", "--format", "csv")
+    status, out, err = report(capsys, bare, "--experiment", "python_tool_qwen2p5_7b", "--format", "csv", "--view", "compare")
     assert status == 0, err
     score = only(csv_rows(out), row="score_600")
     assert float(score["difference"]) == pytest.approx(0.0, abs=1e-4)  # TensorBoard stores float32
@@ -292,7 +298,7 @@ def test_run_dir_without_event_files_is_an_error_but_a_failed_sweep_job_is_a_row
                    check=True, capture_output=True, cwd=tmp_path)
     first, _ = expand_run_dirs([tmp_path / "sweep"])[0]
     write_events(first, tool_scalars({task: {600: 0.5} for task in TOOL_TASKS}, {600: 1.0}))
-    status, out, err = report(capsys, tmp_path / "sweep", "--format", "csv")
+    status, out, err = report(capsys, tmp_path / "sweep", "--format", "csv", "--view", "compare")
     assert status == 0 and "warning" in err
     rows = csv_rows(out)
     assert float(only(rows, run="seed=1", row="score_600")["this_run"]) == pytest.approx(50.0)
@@ -312,6 +318,17 @@ def test_resumed_run_latest_write_of_a_step_wins(tmp_path):
     assert read_scalars(run)[metrics.TOOL_CALLS] == ((1, 1.0), (2, 5.0), (3, 6.0))
 
 
+def test_an_eval_directory_inside_a_run_is_not_part_of_the_runs_events(tmp_path):
+    run = tmp_path / "run"
+    write_events(run, {metrics.eval_pass1("tiny"): {4: 0.25}})
+    nested = run / "evals" / "step_4"
+    nested.mkdir(parents=True)
+    (nested / "eval.json").write_text("{}")
+    write_events(nested, {metrics.eval_pass1("tiny"): {4: 0.75}}, subdir="tensorboard")
+    assert read_scalars(run)[metrics.eval_pass1("tiny")] == ((4, 0.25),)
+    assert read_scalars(nested)[metrics.eval_pass1("tiny")] == ((4, 0.75),)
+
+
 def test_markdown_and_latex_render(tmp_path, capsys):
     run = make_run(tmp_path / "run", {"experiment_name": "python_tool_qwen2p5_7b", "algo": {"name": "grpo"}},
                    tool_scalars({task: {600: 0.25} for task in TOOL_TASKS}, {600: 0.5}), overrides=["algo=grpo"])
@@ -320,7 +337,7 @@ def test_markdown_and_latex_render(tmp_path, capsys):
     assert ("| experiment=python_tool_qwen2p5_7b algo=grpo | AMC23/Minerva/AIME25 mean avg@4 (%) | step 600 | 600 | — | "
             f"{NO_COST} | 30.3 | 25.0 | -5.3 |") in out
     assert "[H] FlashREINFORCE project page results table (primary)" in out
-    status, out, _ = report(capsys, run, "--format", "latex")
+    status, out, _ = report(capsys, run, "--format", "latex", "--view", "compare")
     assert status == 0
     assert r"\begin{tabular}" in out and r"\bottomrule" in out
     assert r"AMC23/Minerva/AIME25 mean avg@4 (\%)" in out and r"run $-$ paper" in out
@@ -347,9 +364,9 @@ def test_plot_writes_png_with_paper_points(tmp_path, capsys):
 def test_protocol_point_before_the_first_log_and_tags_never_logged_together(tmp_path, capsys):
     steps = range(80, 241, 80)
     run = make_run(tmp_path / "late", {"experiment_name": "alfworld_qwen2p5_7b", "algo": {"name": "flashreinforce"}},
-                   {metrics.eval_pass1("alfworld_seen"): {s: 0.5 for s in steps},
-                    metrics.eval_pass1("alfworld_unseen"): {s + 1: 0.5 for s in steps}})
-    status, out, err = report(capsys, run, "--format", "csv")
+                   {metrics.eval_pass1(SEEN): {s: 0.5 for s in steps},
+                    metrics.eval_pass1(UNSEEN): {s + 1: 0.5 for s in steps}})
+    status, out, err = report(capsys, run, "--format", "csv", "--view", "compare")
     assert status == 0, err
     rows = csv_rows(out)
     assert only(rows, row="seen_40")["status"] == "nothing at or before step 40: first value at step 80"
@@ -357,7 +374,7 @@ def test_protocol_point_before_the_first_log_and_tags_never_logged_together(tmp_
     assert int(only(rows, row="unseen_200")["step_used"]) == 161  # an off-cadence eval still counts
     tool = make_run(tmp_path / "split", {"experiment_name": "python_tool_qwen2p5_7b", "algo": {"name": "grpo"}},
                     tool_scalars({"amc23": {600: 0.5}, "minerva": {590: 0.5}, "aime25": {600: 0.5}}))
-    status, out, err = report(capsys, tool, "--format", "csv")
+    status, out, err = report(capsys, tool, "--format", "csv", "--view", "compare")
     assert only(csv_rows(out), row="score_600")["status"].startswith("not in this run: never at one shared step")
 
 
@@ -408,5 +425,5 @@ def test_experiment_without_a_stated_lag_and_run_without_lag_tags(tmp_path, caps
 @pytest.mark.parametrize("fmt", ["csv", "latex"])
 def test_machine_formats_are_unchanged(tmp_path, capsys, fmt):
     run = lag_run(tmp_path / "bounded", {"name": "flashreinforce"}, {1: 8.0}, {1: 8.0})
-    status, out, _ = report(capsys, run, "--format", fmt)
+    status, out, _ = report(capsys, run, "--format", fmt, "--view", "compare")
     assert status == 0 and "Policy lag," not in out

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from molt_flashreinforce import metrics
-from molt_flashreinforce.launch import app
+from molt_flashreinforce.app import dispatch
 from molt_flashreinforce.launch.records import write_records
 from molt_flashreinforce.report.cli import main
 from molt_flashreinforce.report.events import read_scalars
@@ -58,7 +58,7 @@ def write_events(run_dir: Path, scalars: dict[str, dict[int, float]]) -> None:
 
 
 def report_csv(capsys, *args) -> list[dict[str, str]]:
-    assert main([str(arg) for arg in args] + ["--format", "csv"]) == 0
+    assert main([str(arg) for arg in args] + ["--format", "csv", "--view", "compare"]) == 0
     return list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
 
 
@@ -160,7 +160,7 @@ TINY_PROMPT_TOKENS = 7  # `<bos> a + b =` with two-digit operands (max_operand 9
 
 def test_local_run_reports_cpu_wall_clock_and_its_token_counters(tmp_path, capsys):
     run = tmp_path / "run"
-    app.run(compose_config(*LOCAL_SHORT), run)  # what `molt-flashreinforce experiment=tiny ...` runs
+    dispatch.run(compose_config(*LOCAL_SHORT), run)  # what `molt-flashreinforce experiment=tiny ...` runs
     scalars = read_scalars(run)
     summary = json.loads((run / "summary.json").read_text())
     capsys.readouterr()  # the run's own output
@@ -178,7 +178,7 @@ def test_local_run_reports_cpu_wall_clock_and_its_token_counters(tmp_path, capsy
     assert final["gpus"] == final["gpu_hours"] == ""
     assert final["cost_status"] == "GPU-hours: a CPU run (local.device=cpu)"
 
-    assert main([str(run), "--experiment", "tiny"]) == 0
+    assert main([str(run), "--experiment", "tiny", "--view", "compare"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if "| final |" in line)
     cells = [cell.strip() for cell in line.strip("|").split("|")]
     assert cells[5].endswith(" s") and cells[6] == "n/a" and cells[7] == f"{generated:,.0f}"

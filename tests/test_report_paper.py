@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from molt_flashreinforce import conf
+from molt_flashreinforce.data.recipes import eval_datasources
 from molt_flashreinforce.report.cli import main
 from molt_flashreinforce.report.paper import DEFAULT_PATH, PaperResultsError, load_paper_results
 
 REPO = Path(__file__).resolve().parents[1]
-PAPER_EXPERIMENTS = {"math_qwen2p5_1p5b", "python_tool_qwen2p5_7b", "moe_lag8_qwen3_30b_a3b",
-                     "alfworld_qwen2p5_7b", "long_horizon_r1_distill_1p5b", "tiny"}
+PAPER_EXPERIMENTS = set(conf.experiments())  # the paper's and the CPU miniature
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +46,19 @@ def test_every_experiment_has_numbers_and_a_protocol(paper):
         assert experiment.protocol["summary"] and experiment.rows
         if experiment.name != "tiny":
             assert any(entry.row for entry in experiment.reported), experiment.name
-        # The protocol's datasets are the ones the eval metrics read.
+        # The eval metrics read exactly the eval datasources the data recipe writes, by their names.
         eval_datasets = {tag.split("/eval_")[1].rsplit("_pass1", 1)[0]
                          for metric in experiment.metrics.values() for alt in metric.alternatives
                          for tag in alt.tags if tag.startswith("eval/")}
-        assert eval_datasets == set(experiment.protocol["datasets"]), experiment.name
+        assert eval_datasets == set(experiment.datasets) == set(eval_datasources(experiment.name)), experiment.name
+
+
+def test_eval_names_come_from_the_data_recipes(paper):
+    assert paper.experiment("long_horizon_r1_distill_1p5b").datasets == ("aime24", "aime25")
+    alfworld = paper.experiment("alfworld_qwen2p5_7b")
+    assert alfworld.metrics["seen"].alternatives[0].tags == ("eval/eval_alfworld_valid_seen_pass1",)
+    assert paper.experiment("math_qwen2p5_1p5b").metrics["five_mean"].datasources == (
+        "math500", "amc23", "minerva", "aime25", "olympiadbench")
 
 
 @pytest.mark.parametrize("experiment, row, arm, value, sources", [
@@ -163,6 +172,16 @@ def _tool(raw):
     (lambda raw: raw["unattributed"][0].pop("what") and raw["unattributed"][0].update(row="x"),
      "unattributed[0].row", "unknown row 'x'"),
     (lambda raw: raw.update(schema_version=2), "schema_version", "expected 1"),
+    # A name the data recipe does not write (the old ALFWorld copy) is refused, naming the recipe's.
+    (lambda raw: raw["experiments"]["alfworld_qwen2p5_7b"]["metrics"]["seen"].update(eval_pass1=["alfworld_seen"]),
+     "alfworld_qwen2p5_7b.metrics.seen.eval_pass1",
+     "'alfworld_seen' is not an eval datasource of alfworld_qwen2p5_7b's data recipe "
+     "(molt_flashreinforce/data/recipes.py), which writes alfworld_valid_seen, alfworld_valid_unseen"),
+    (lambda raw: raw["experiments"]["long_horizon_r1_distill_1p5b"]["metrics"]["aime24"].update(
+        eval_pass1=["aime_2024"]), "metrics.aime24.eval_pass1", "which writes aime24, aime25"),
+    (lambda raw: _tool(raw)["layout"].update(columns=["three_mean", "nope"]), "layout.columns", "unknown metric 'nope'"),
+    (lambda raw: _tool(raw)["layout"].update(target="score_601"), "layout.target", "unknown row 'score_601'"),
+    (lambda raw: _tool(raw)["protocol"].update(grader="lenient"), "protocol.grader", "'lenient' is not a grader"),
 ])
 def test_malformed_entries_name_location_and_problem(tmp_path, mutate, location, problem):
     path = _mutated(tmp_path, mutate)

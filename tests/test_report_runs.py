@@ -38,7 +38,7 @@ def test_dry_run_directory_of_the_real_config(tmp_path, capsys):
     writer.add_scalar(metrics.TOOL_CALLS, 0.0, 600)
     writer.close()
 
-    assert main([str(run_dir), "--format", "csv"]) == 0
+    assert main([str(run_dir), "--format", "csv", "--view", "compare"]) == 0
     rows = {row["row"]: row for row in _csv(capsys)}
     score = rows["score_600"]
     assert score["experiment"] == "python_tool_qwen2p5_7b"  # from the config's experiment_name
@@ -61,7 +61,7 @@ def test_tiny_local_backend_sweep_becomes_a_table_and_a_plot(tmp_path, capsys):
         check=True, capture_output=True, cwd=tmp_path,
     )
     png = tmp_path / "tiny.png"
-    assert main([str(sweep), "--format", "csv", "--plot", str(png)]) == 0
+    assert main([str(sweep), "--format", "csv", "--view", "compare", "--plot", str(png)]) == 0
     rows = _csv(capsys)
     assert [(row["run"], row["row"]) for row in rows] == [
         ("algo=flashreinforce", "final"), ("algo=flashreinforce", "peak"), ("algo=grpo", "final"), ("algo=grpo", "peak"),

@@ -23,10 +23,12 @@ from types import SimpleNamespace
 import pytest
 
 from molt_flashreinforce.cluster import processes, supervisor
-from molt_flashreinforce.cluster.actor_watch import FAILURE_FILE, actor_fault, find_fault
+from molt_flashreinforce.cluster.actor_watch import actor_fault, find_fault
+from molt_flashreinforce.cluster.progress import FAILURE_FILE
 from molt_flashreinforce.cluster.errors import ClusterError
 from molt_flashreinforce.cluster.ray_nodes import NODE_RESOURCE
 from molt_flashreinforce.launch.records import wandb_resume_env
+from molt_flashreinforce.cluster import progress as progress_files
 from molt_flashreinforce.plugin import progress
 
 VLLM_STANDIN = Path(__file__).parents[1] / "molt_flashreinforce" / "rehearsal" / "vllm_standin"
@@ -63,6 +65,11 @@ ATTEMPT = textwrap.dedent("""
                 step(3)
                 (where / "checkpoint_done.json").write_text(json.dumps({"id": json.loads(request.read_text())["id"], "step": 3}))
             time.sleep(0.2)
+    if what == "refused":  # a Ray worker found a Molt that drifted (plugin/ray_hooks.py): the driver runs on
+        (where / "failure.json").write_text(json.dumps(
+            {"what": "a Ray worker (pid 8)", "node": "n2", "step": 1, "code_fault": True, "every_attempt": True,
+             "cause": "Molt's molt.models.loss.PolicyLoss.forward takes (self), not (...): ..."}))
+        time.sleep(600)
     if what == "deaf":  # keeps reporting rollouts, never reaches a step boundary
         while True:
             (where / "rollout").touch(); time.sleep(0.5)
@@ -105,6 +112,16 @@ def test_a_code_fault_before_the_first_step_is_not_restarted(tmp_path):
     with pytest.raises(ClusterError, match="its constructor raised; not restarted: it failed before its first optimizer step"):
         supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 0).run(start)
     assert len(started) == 1
+
+
+def test_a_worker_that_refuses_molt_ends_the_attempt_at_once_in_its_line(tmp_path):
+    start, started = attempts_of("refused", tmp_path)
+    with pytest.raises(ClusterError) as raised:
+        supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 0).run(start)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(
+        "a Ray worker (pid 8) died on node n2 at step 1: Molt's molt.models.loss.PolicyLoss.forward takes (self)")
+    assert "not restarted" in message and len(started) == 1 and started[0].poll() is not None
 
 
 def test_restarts_used_up_end_the_run_in_one_line_that_keeps_the_run_directory(tmp_path):
@@ -151,6 +168,50 @@ def test_slurms_signal_checkpoints_at_the_next_step_then_asks_for_a_requeue(tmp_
     (attempt,) = supervisor.read_attempts(tmp_path)
     assert attempt["last_step"] == 3 and "checkpoint at step 3" in attempt["cause"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+def test_a_checkpoint_is_announced_only_when_molts_loader_would_resume_from_it(tmp_path):
+    start, started = attempts_of("serve", tmp_path)  # answers the request with step 3
+    _signal_soon(signal.SIGUSR2)
+    with pytest.raises(supervisor.Requeue) as stopped:
+        supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 2).run(start)  # step 3 never completed
+    assert str(stopped.value).endswith(
+        "time limit near (SIGUSR2): Molt saved step 3 but no complete checkpoint of it is on disk; "
+        "the last complete one stands (step 2)")
+    assert "checkpoint at step" not in supervisor.read_attempts(tmp_path)[0]["cause"]
+
+
+def test_the_history_of_a_launch_covers_its_requeued_runs(tmp_path, monkeypatch):
+    """As seen on a full test run: a crash, a restart, SLURM's signal with a checkpoint at step 3, a
+    requeue (a new process of the same SLURM job), the end. attempts.json has all three, and so
+    does the launch's history; an earlier launch in the same run directory does not count."""
+    monkeypatch.setattr(supervisor.slurm, "job_state", lambda job: "RUNNING")
+    supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 0, job="40").run(attempts_of("finish", tmp_path)[0])
+    first_run, _ = attempts_of("die,serve", tmp_path)
+    _signal_soon(signal.SIGUSR2, after_s=4.0)  # during the second attempt
+    with pytest.raises(supervisor.Requeue, match="checkpoint at step 3"):
+        supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 3 if len(supervisor.read_attempts(tmp_path)) > 2 else 0,
+                              job="41").run(first_run)
+    requeued = supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 3, job="41")
+    assert requeued.run(attempts_of("finish", tmp_path)[0]) == 1
+    history = supervisor.history(tmp_path, requeued.launch)
+    assert history == supervisor.History(attempts=3, restarts=1, requeues=1, resumed_from=(0, 0, 3))
+    assert [a["outcome"] for a in supervisor.read_attempts(tmp_path)] == ["finished", "fault", "stopped", "finished"]
+
+
+def test_the_checkpoint_counted_is_the_one_molts_loader_resumes_from(tmp_path):
+    from molt_flashreinforce.plugin.seams import checkpoint_step, resumable_checkpoint
+
+    actor_dir = tmp_path / "_actor"
+    assert resumable_checkpoint(actor_dir) is None and checkpoint_step(None) == 0
+    for step in (2, 4):
+        (actor_dir / f"global_step{step}" / "model").mkdir(parents=True)
+        (actor_dir / f"global_step{step}" / "extra_state.pt").write_bytes(b"")
+        os.utime(actor_dir / f"global_step{step}", (step, step))  # saved in step order
+    (actor_dir / "latest").write_text("global_step2")  # Molt's own marker wins over the newer directory
+    assert checkpoint_step(resumable_checkpoint(actor_dir)) == 2
+    (actor_dir / "latest").write_text("global_step6")  # a tag whose save never completed: the newest complete one
+    assert checkpoint_step(resumable_checkpoint(actor_dir)) == 4
 
 
 @pytest.mark.parametrize("state, outcome", [("COMPLETING", "ended"), ("RUNNING", "requeue")])
@@ -248,7 +309,7 @@ class _ActorGroup:
 
 
 def test_a_checkpoint_request_is_saved_by_molts_own_save_at_the_next_step(tmp_path, monkeypatch):
-    monkeypatch.setenv(progress.PROGRESS_DIR_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(progress_files.PROGRESS_DIR_VARIABLE, str(tmp_path))
     if importlib.util.find_spec("vllm") is None:  # Molt's trainer module imports vLLM's SamplingParams only
         monkeypatch.syspath_prepend(str(VLLM_STANDIN))
     from molt.trainer import rl_trainer
@@ -256,10 +317,14 @@ def test_a_checkpoint_request_is_saved_by_molts_own_save_at_the_next_step(tmp_pa
 
     monkeypatch.setattr(rl_trainer.ray, "get", lambda refs: refs)  # the stand-in group's saves are done at once
 
-    class Trainer(BaseRLTrainer):  # Molt's method, on a class of our own so the patch stays here
+    from molt_flashreinforce.plugin.ray_hooks import install_runtime_patches
+    from molt_flashreinforce.plugin.seams import wrap_trainer
+
+    class Trainer(BaseRLTrainer):  # Molt's method, on a class of our own
         pass
 
-    progress._patch_trainer(Trainer)
+    install_runtime_patches()
+    wrap_trainer(Trainer)
     trainer = object.__new__(Trainer)
     trainer.args = SimpleNamespace(logger=SimpleNamespace(logging_steps=1), ckpt=SimpleNamespace(save_steps=10))
     trainer.wandb_logger = trainer.tensorboard_logger = trainer.critic_model_group = None
@@ -268,13 +333,13 @@ def test_a_checkpoint_request_is_saved_by_molts_own_save_at_the_next_step(tmp_pa
 
     trainer.save_logs_and_checkpoints(3, {}, {})
     assert trainer.actor_model_group.saved == []  # 10 does not divide 3
-    assert progress.read_json(tmp_path / progress.STEP_FILE)["step"] == 3
-    progress.write_json(tmp_path / progress.REQUEST_FILE, {"id": "r1"})
+    assert progress_files.read_json(tmp_path / progress_files.STEP_FILE)["step"] == 3
+    progress_files.write_json(tmp_path / progress_files.REQUEST_FILE, {"id": "r1"})
     trainer.save_logs_and_checkpoints(4, {}, {})
     assert trainer.actor_model_group.saved == [("save_checkpoint", "global_step4")]
     assert trainer.args.ckpt.save_steps == 10  # the run's own cadence is back
-    assert progress.read_json(tmp_path / progress.DONE_FILE) == {"id": "r1", "step": 4}
-    assert progress.pending_request(tmp_path) is None
+    assert progress_files.read_json(tmp_path / progress_files.DONE_FILE) == {"id": "r1", "step": 4}
+    assert progress_files.pending_request(tmp_path) is None
     trainer.save_logs_and_checkpoints(5, {}, {})
     assert len(trainer.actor_model_group.saved) == 1  # answered once
 

@@ -135,7 +135,7 @@ def _run(job_dir: str, overrides: tuple[str, ...], warm_starts: str) -> dict:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from molt_flashreinforce.launch import app
+    from molt_flashreinforce.app import dispatch
 
     directory = Path(job_dir)
     summary_file = directory / "summary.json"
@@ -149,7 +149,7 @@ def _run(job_dir: str, overrides: tuple[str, ...], warm_starts: str) -> dict:
     OmegaConf.save(cfg, directory / ".hydra" / "config.yaml")  # what a Hydra job keeps; summarize.py reads it
     (directory / ".hydra" / "overrides.yaml").write_text(OmegaConf.to_yaml(list(overrides)))
     with open(directory / "job.log", "a") as log, redirect_stdout(log), redirect_stderr(log):
-        app.run(cfg, directory)
+        dispatch.run(cfg, directory)
     return json.loads(summary_file.read_text())
 
 
@@ -250,8 +250,10 @@ def main() -> None:
     # The README's report example: seed 0 of claim 1, FlashREINFORCE beside GRPO.
     pair = [str(args.out / job.stage / job.name) for job in first if job.name.endswith("_seed0")]
     with open(args.results / "report_lag0_seed0.md", "w") as report:
-        # The report command by module, so the comparison needs no activated virtualenv.
-        subprocess.run([sys.executable, "-m", "molt_flashreinforce.report.cli", *pair], check=True, stdout=report)
+        # The report command by module, so the comparison needs no activated virtualenv; the run-by-run view,
+        # which shows each run's cost beside the paper (docs/report.md's example).
+        subprocess.run([sys.executable, "-m", "molt_flashreinforce.report.cli", *pair, "--view", "compare"], check=True,
+                       stdout=report)
 
 
 if __name__ == "__main__":

@@ -31,10 +31,9 @@ from omegaconf import OmegaConf
 
 from molt_flashreinforce import metrics as tags
 from molt_flashreinforce.report.events import read_scalars
+from molt_flashreinforce.report.statistics import BOOTSTRAP, first_crossing, interval, mean_ci, resample_indices
 
 EVAL = tags.eval_pass1("tiny")
-BOOTSTRAP = 10_000
-RNG_SEED = 0
 
 
 # ── reading the jobs ──
@@ -86,34 +85,6 @@ def collect(root: Path, stage: str = "*") -> dict[tuple, list[dict]]:
 
 # ── statistics ──
 
-def _ci(samples: np.ndarray) -> list[float]:
-    finite = samples[np.isfinite(samples)]
-    if len(finite) < len(samples) * 0.975:  # the upper end lies beyond what was measured
-        return [float(np.percentile(finite, 2.5)) if len(finite) else math.inf, math.inf]
-    return [float(np.percentile(samples, 2.5)), float(np.percentile(samples, 97.5))]
-
-
-def _resamples(n: int) -> np.ndarray:
-    return np.random.default_rng(RNG_SEED).integers(0, n, size=(BOOTSTRAP, n))
-
-
-def mean_ci(values: list[float]) -> dict:
-    values_array = np.asarray(values, dtype=float)
-    means = values_array[_resamples(len(values_array))].mean(axis=1)
-    return {"mean": float(values_array.mean()), "ci95": _ci(means), "n": len(values)}
-
-
-def first_crossing(xs: np.ndarray, ys: np.ndarray, target: float) -> float:
-    """The first x at which the curve reaches target, linearly interpolated (inf: never)."""
-    above = np.nonzero(ys >= target)[0]
-    if not len(above):
-        return math.inf
-    i = above[0]
-    if i == 0:
-        return float(xs[0])
-    return float(xs[i - 1] + (target - ys[i - 1]) * (xs[i] - xs[i - 1]) / (ys[i] - ys[i - 1]))
-
-
 def _paired(runs_a: list[dict], runs_b: list[dict]) -> tuple[list[dict], list[dict]]:
     seeds = sorted({r["seed"] for r in runs_a} & {r["seed"] for r in runs_b})
     pick = lambda runs: [next(r for r in runs if r["seed"] == s) for s in seeds]  # noqa: E731
@@ -136,10 +107,10 @@ def half_the_rollouts(flash: list[dict], grpo: list[dict]) -> dict:
                 f_mean[half] - target, f_mean[-1] - target)
 
     point = statistics_of(np.arange(len(flash)))
-    boot = np.asarray([statistics_of(index) for index in _resamples(len(flash))])
+    boot = np.asarray([statistics_of(index) for index in resample_indices(len(flash))])
     names = ("flashreinforce_rollouts_to_grpo_final", "grpo_rollouts_to_grpo_final", "flashreinforce_at_half_budget",
              "flashreinforce_at_half_minus_grpo_final", "flashreinforce_final_minus_grpo_final")
-    out = {name: {"value": value, "ci95": _ci(boot[:, k])} for k, (name, value) in enumerate(zip(names, point))}
+    out = {name: {"value": value, "ci95": interval(boot[:, k])} for k, (name, value) in enumerate(zip(names, point))}
     out.update(seeds=[r["seed"] for r in flash], grpo_budget=float(xs[-1]), half_budget=float(xs[half]),
                grpo_final=mean_ci(list(g_curves[:, -1])),
                rollouts_fraction=point[0] / xs[-1],
@@ -349,7 +320,7 @@ def _plot_claim1_gap(summary: dict, ax) -> None:
     seeds = sorted(set(flash) & set(grpo), key=int)
     xs = [x for x, _ in flash[seeds[0]]["curve"]]
     gaps = np.asarray([[y - grpo[s]["curve"][-1][1] for _, y in flash[s]["curve"]] for s in seeds])
-    means = gaps[_resamples(len(gaps))].mean(axis=1)
+    means = gaps[resample_indices(len(gaps))].mean(axis=1)
     ax.plot(xs, gaps.mean(axis=0), color="C0", label="FlashREINFORCE(x) − GRPO final, paired")
     ax.fill_between(xs, np.percentile(means, 2.5, axis=0), np.percentile(means, 97.5, axis=0), color="C0", alpha=0.2)
     ax.axhline(0, color="black", lw=0.8)
@@ -385,7 +356,7 @@ def plot(summary: dict, out: Path) -> None:
                 continue
             curves = np.asarray([[y for _, y in s["curve"]] for s in arm["per_seed"].values()])
             xs = [x for x, _ in next(iter(arm["per_seed"].values()))["curve"]]
-            means = curves[_resamples(len(curves))].mean(axis=1)
+            means = curves[resample_indices(len(curves))].mean(axis=1)
             key = "grpo" if arm["algo"] == "grpo" else ("flashreinforce_inf" if arm["delta"] == "inf"
                                                         else "flashreinforce_delta")
             ax.plot(xs, curves.mean(axis=0), color=colours[key], label=f"{arm['label']} ({len(curves)} seeds)")

@@ -1,7 +1,8 @@
 """Multi-turn ALFWorld environment: one game per episode, 0/1 reward from the game's ``won``.
 
-``reset`` starts the game named by the row's ``game_file`` label and puts its opening text
-and admissible actions into the prompt's ``OBSERVATION_SLOT``. Each model turn's last
+``reset`` drops the prompt's game tag (alfworld_protocol), starts the game named by the row's
+``game_file`` label and puts its opening text and admissible actions into the prompt's
+``OBSERVATION_SLOT``. Each model turn's last
 ``<action>`` is played (a turn without one gets a format reminder and costs the turn);
 the game's reply and the admissible actions come back as the next observation (masked out
 of the loss by Molt). The episode ends with reward 1 when the game is won, 0 when it ends
@@ -22,9 +23,10 @@ import os
 from molt.agents import Env, Result
 
 from molt_flashreinforce.agents.alfworld_game import AlfWorldGame, resolve_game_file
-from molt_flashreinforce.agents.alfworld_protocol import OBSERVATION_SLOT, describe, parse_action
+from molt_flashreinforce.agents.alfworld_protocol import OBSERVATION_SLOT, describe, parse_action, untagged
 from molt_flashreinforce.agents.chatml import next_user_turn
 from molt_flashreinforce.agents.turns import max_agent_turns
+from molt_flashreinforce.metrics import INVALID_ACTIONS, TURN_LIMIT_REACHED, TURNS, WON, step_key
 
 DEFAULT_MAX_TURNS = 50
 FORMAT_REMINDER = "Invalid format: give exactly one command inside <action></action>."
@@ -46,7 +48,7 @@ class AlfWorldEnv(Env):
         self.invalid_actions = 0
 
     async def reset(self, state: dict, **kwargs) -> dict:
-        prompt = state["observation"]
+        prompt = untagged(state["observation"])
         if OBSERVATION_SLOT not in prompt:
             raise ValueError(
                 f"The ALFWorld prompt lacks the {OBSERVATION_SLOT} slot for the game's opening text: "
@@ -59,10 +61,10 @@ class AlfWorldEnv(Env):
 
     def _info(self, won: bool = False, turn_limit_reached: bool = False) -> dict:
         return {
-            "won": int(won),
-            "turns": self.turns,
-            "invalid_actions": self.invalid_actions,
-            "turn_limit_reached": int(turn_limit_reached),
+            step_key(WON): int(won),
+            step_key(TURNS): self.turns,
+            step_key(INVALID_ACTIONS): self.invalid_actions,
+            step_key(TURN_LIMIT_REACHED): int(turn_limit_reached),
         }
 
     async def step(self, state: dict, **kwargs) -> Result:

@@ -1,7 +1,8 @@
 """Grader processes with bounded memory and a deadline per request, queueing included.
 
-Contract: ``GraderPool(processes, memory_bytes).submit(answer, ground_truth, deadline, compute_s)``
-returns a ``concurrent.futures.Future`` that resolves to a ``Verdict``. It never raises for
+Contract: ``GraderPool(processes, memory_bytes, rules).submit(answer, ground_truth, deadline, compute_s)``
+returns a ``concurrent.futures.Future`` that resolves to a ``Verdict``. ``rules`` names the comparison
+its graders run (``RULES``: this package's strict equivalence, or Molt's example grader's rules). It never raises for
 the answer's sake: an answer whose comparison overruns resolves to ``TIMED_OUT``, one whose
 grader dies (memory limit, crash) to ``DIED`` (the grader is replaced).
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
+import importlib
 import itertools
 import multiprocessing
 import os
@@ -50,10 +52,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-_SERVE_MODULE = "molt_flashreinforce.agents.strict_equivalence"
-# Imported by sympy and antlr on a process's first comparison (half a second): the forkserver
+# rules -> the module whose ``equivalent(answer, ground_truth)`` the graders run, and what else it
+# imports on a process's first comparison (half a second for sympy and antlr): the forkserver
 # imports them once, so that no grader does it, let alone is stopped in the middle of it.
-_LAZY_IMPORTS = ["sympy.tensor.tensor", "antlr4.LL1Analyzer"]
+RULES = {
+    "strict": ("molt_flashreinforce.agents.strict_equivalence", ["sympy.tensor.tensor", "antlr4.LL1Analyzer"]),
+    "molt": ("molt_flashreinforce.agents.molt_math_rules", ["sympy.parsing.sympy_parser", "pylatexenc.latex2text"]),
+}
 # A new grader compares these before it takes requests: the first fraction, root, set, interval
 # or polynomial a process meets costs it 0.1-0.4 s while the parser builds its tables, the next
 # ones a millisecond or two. Paid once per grader (they are rarely replaced), not in a slice.
@@ -122,14 +127,14 @@ class _Run:
         return None if self.ended else bool(verdict)
 
 
-def _serve(connection, memory_bytes: int) -> None:
+def _serve(connection, memory_bytes: int, rules: str) -> None:
     """Grader process: limit itself, warm up, say it is ready, then answer ``(answer,
     ground_truth, run_s)`` until EOF with True, False or None (out of time)."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")
-    from molt_flashreinforce.agents.strict_equivalence import equivalent
+    equivalent = importlib.import_module(RULES[rules][0]).equivalent
 
     for answer, ground_truth in _WARM_UP:
         equivalent(answer, ground_truth)
@@ -167,9 +172,9 @@ _TURNS = (
 class _Grader:
     """One grader process and this side of its pipe."""
 
-    def __init__(self, context, memory_bytes: int):
+    def __init__(self, context, memory_bytes: int, rules: str):
         self.connection, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, memory_bytes), daemon=True, name="math-grader")
+        self.process = context.Process(target=_serve, args=(child, memory_bytes, rules), daemon=True, name="math-grader")
         self.process.start()
         child.close()
         # Its start-up is no answer's slice: wait for it here. One that never gets ready is
@@ -200,9 +205,12 @@ class _Grader:
 
 
 class GraderPool:
-    def __init__(self, processes: int, memory_bytes: int):
+    def __init__(self, processes: int, memory_bytes: int, rules: str = "strict"):
+        if rules not in RULES:
+            raise ValueError(f"grader rules {rules!r}: choose one of {', '.join(RULES)}")
         self.processes = processes
         self.memory_bytes = memory_bytes
+        self.rules = rules
         self._context = multiprocessing.get_context("forkserver")
         self._pending: list[_Request] = []
         self._order = itertools.count()
@@ -259,8 +267,9 @@ class GraderPool:
     def _start_grader(self) -> _Grader:
         # Only takes effect before the forkserver's first start; set here, not at import, so that
         # importing this package leaves a program's own forkserver alone.
-        self._context.set_forkserver_preload([_SERVE_MODULE, *_LAZY_IMPORTS])
-        grader = _Grader(self._context, self.memory_bytes)
+        module, lazy_imports = RULES[self.rules]
+        self._context.set_forkserver_preload([module, *lazy_imports])
+        grader = _Grader(self._context, self.memory_bytes, self.rules)
         with self._lock:
             self._graders.add(grader)
         return grader

@@ -1,10 +1,16 @@
-"""0/1 grading of a model's final ``\\boxed{}`` answer against a ground truth, bounded in time.
+"""0/1 grading of a model's final answer against a ground truth, bounded in time.
 
 Contract: ``grade(response, ground_truth, timeout_s) -> Grade`` returns within ``timeout_s``
 plus ``SLACK_S``, queueing included, however many grades are in flight; ``await
-grade_async(...)`` is the same without blocking the event loop. The answer is the content of
-the **last** ``\\boxed{...}`` (or ``\\fbox{...}``) of ``response``; none means incorrect with
-``missing_answer``. Then, in order:
+grade_async(...)`` is the same without blocking the event loop; ``extract_answer(response)`` is
+the answer a grade compares. ``GRADER`` (``MATH_GRADER``) picks the rules, one of ``GRADERS``:
+
+``molt``: the rules of Molt's example math grader, which graded the paper's numbers
+(``molt_math_rules``: the last ``\\boxed{}``, else an "answer is" phrase, else the last number;
+string normalization, then sympy), run in this module's grader processes under the same bound.
+
+``strict`` (the default): the answer is the content of the **last** ``\\boxed{...}`` (or
+``\\fbox{...}``) of ``response``; none means incorrect with ``missing_answer``. Then, in order:
 
 1. an answer equal to the ground truth up to spacing, ``\\left``/``\\right``, ``\\text{}``
    wrappers and case is correct (no parser runs);
@@ -19,7 +25,8 @@ the **last** ``\\boxed{...}`` (or ``\\fbox{...}``) of ``response``; none means i
    that is still waiting at ``timeout_s``, is incorrect with ``timed_out``; one whose grader
    died is incorrect with ``grader_died``. Dead graders are replaced.
 
-Settings (environment, read once at import): ``MATH_GRADER_TIMEOUT`` (seconds, default 5),
+Settings (environment, read once at import): ``MATH_GRADER`` (``strict`` or ``molt``, default
+``strict``; the launcher sets it from ``agent.grader``), ``MATH_GRADER_TIMEOUT`` (seconds, default 5),
 ``MATH_GRADER_PROCESSES`` (default: the CPUs this process may use), ``MATH_GRADER_MEM_BYTES``
 (address space of each grader, default 1 GiB). ``Grade.info()`` gives the numeric keys the
 agents put in Molt's ``Result.info`` (Molt logs their per-step means).
@@ -35,8 +42,10 @@ import re
 import time
 from dataclasses import dataclass
 
+from molt_flashreinforce.agents import molt_math_rules
 from molt_flashreinforce.agents.answer_screens import screen
-from molt_flashreinforce.agents.grader_pool import GraderPool, Verdict, node_cpus
+from molt_flashreinforce.agents.grader_pool import RULES, GraderPool, Verdict, node_cpus
+from molt_flashreinforce.metrics import GRADER_REJECTED, GRADER_RESTARTS, GRADER_TIMEOUTS, MISSING_ANSWER, step_key
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
 # A grade returns at most this long after its timeout: the time to notice the deadline and
@@ -57,6 +66,10 @@ def _setting(name: str, default: str, parse, fix: str):
     return value
 
 
+GRADERS = tuple(RULES)
+GRADER = os.environ.get("MATH_GRADER", "strict")
+if GRADER not in GRADERS:
+    raise ValueError(f"MATH_GRADER={GRADER!r} is not usable: choose one of {', '.join(GRADERS)} (agent.grader).")
 GRADER_TIMEOUT_S = _setting("MATH_GRADER_TIMEOUT", "5", float, "give the grading bound in seconds, e.g. 5")
 _PROCESSES = _setting("MATH_GRADER_PROCESSES", str(node_cpus()), int, "give a whole number of grader processes, e.g. 4")
 _MEMORY_BYTES = _setting("MATH_GRADER_MEM_BYTES", str(1 << 30), int, "give bytes per grader, e.g. 1073741824")
@@ -76,10 +89,10 @@ class Grade:
 
     def info(self) -> dict[str, int]:
         return {
-            "missing_answer": int(self.missing_answer),
-            "grader_timeouts": int(self.timed_out),
-            "grader_rejected": int(self.rejected is not None),
-            "grader_restarts": int(self.grader_died),
+            step_key(MISSING_ANSWER): int(self.missing_answer),
+            step_key(GRADER_TIMEOUTS): int(self.timed_out),
+            step_key(GRADER_REJECTED): int(self.rejected is not None),
+            step_key(GRADER_RESTARTS): int(self.grader_died),
         }
 
 
@@ -104,7 +117,7 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-POOL = GraderPool(_PROCESSES, _MEMORY_BYTES)
+POOL = GraderPool(_PROCESSES, _MEMORY_BYTES, GRADER)
 atexit.register(POOL.close)
 
 
@@ -125,16 +138,26 @@ class _Pending:
         return max(0.0, self.deadline - time.monotonic()) + SLACK_S
 
 
+def extract_answer(response: str) -> str | None:
+    """The final answer that ``GRADER``'s rules read in ``response`` (None: there is none)."""
+    return molt_math_rules.extract_answer(response) if GRADER == "molt" else last_boxed(response)
+
+
 def _start(response: str, ground_truth: str, timeout_s: float) -> Grade | _Pending:
     """A Grade decided without a parser, or the pool's pending comparison."""
-    answer = last_boxed(response)
+    answer = extract_answer(response)
     if answer is None:
         return Grade(correct=False, answer=None)
-    if _normalize(answer) == _normalize(ground_truth):
-        return Grade(correct=True, answer=answer)
-    reason = screen(answer)
-    if reason is not None:
-        return Grade(correct=False, answer=answer, rejected=reason)
+    if GRADER == "molt":
+        # Molt's rules have no screens: only the grader processes' bounds stand in for them.
+        if molt_math_rules.same_string(answer, ground_truth):
+            return Grade(correct=True, answer=answer)
+    else:
+        if _normalize(answer) == _normalize(ground_truth):
+            return Grade(correct=True, answer=answer)
+        reason = screen(answer)
+        if reason is not None:
+            return Grade(correct=False, answer=answer, rejected=reason)
     deadline = time.monotonic() + timeout_s
     return _Pending(answer, POOL.submit(answer, ground_truth, deadline, COMPUTE_SHARE * timeout_s), deadline)
 

@@ -11,6 +11,7 @@ from molt.agents import Env, Result
 
 from molt_flashreinforce.agents.grading import grade_async
 from molt_flashreinforce.agents.labels import ground_truth
+from molt_flashreinforce.metrics import TURNS, step_key
 
 
 class MathEnv(Env):
@@ -19,5 +20,5 @@ class MathEnv(Env):
         return Result(
             reward=1.0 if verdict.correct else 0.0,
             terminated=True,
-            info={**verdict.info(), "turns": 1},
+            info={**verdict.info(), step_key(TURNS): 1},
         )

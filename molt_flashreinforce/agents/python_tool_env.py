@@ -28,6 +28,8 @@ from molt_flashreinforce.agents.labels import ground_truth
 from molt_flashreinforce.agents.python_tool_protocol import parse_tool_calls, tool_response
 from molt_flashreinforce.agents.sandbox import ExecutionResult, SandboxLimits, run_python_async
 from molt_flashreinforce.agents.turns import max_agent_turns
+from molt_flashreinforce.metrics import (INVALID_TOOL_CALLS, SANDBOX_ERRORS, TOOL_CALLS, TOOL_TIMEOUTS, TURN_LIMIT_REACHED,
+                                         TURNS, step_key)
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +54,12 @@ class PythonToolEnv(Env):
 
     def _info(self, **final) -> dict:
         info = {
-            "tool_calls": self.tool_calls,
-            "invalid_tool_calls": self.invalid_tool_calls,
-            "tool_timeouts": self.tool_timeouts,
-            "sandbox_errors": self.sandbox_errors,
-            "turns": self.turns,
-            "turn_limit_reached": 0,
+            step_key(TOOL_CALLS): self.tool_calls,
+            step_key(INVALID_TOOL_CALLS): self.invalid_tool_calls,
+            step_key(TOOL_TIMEOUTS): self.tool_timeouts,
+            step_key(SANDBOX_ERRORS): self.sandbox_errors,
+            step_key(TURNS): self.turns,
+            step_key(TURN_LIMIT_REACHED): 0,
             **Grade(correct=False, answer="").info(),
         }
         info.update(final)

@@ -7,8 +7,10 @@
 * `actor_map`: which Ray node hosted which of Molt's actors (the run's `actors_by_node.json`);
 * `supervisor`: the attempts of a run (restarts after crashes and stalls, a checkpoint and a
   requeue on SLURM's signals), `actor_watch` (a dead actor or node ends an attempt in seconds)
-  and `stacks` (every process's Python stack when a run stalls).
+  and `stacks` (every process's Python stack when a run stalls);
+* `progress`: the files through which Molt's workers report to the supervisor (written by
+  plugin/progress.py).
 
-Nothing here imports Molt; from the rest of the package only `plugin.progress`, the files
-Molt's workers write for the supervisor. The launcher and the rehearsal call in.
+Nothing here imports Molt or the rest of the package: the plugin, the launcher and the
+rehearsal call in.
 """

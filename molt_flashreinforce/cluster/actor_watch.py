@@ -9,14 +9,15 @@ out of memory, its constructor or runtime environment failed), or the first node
 makes it
 
 * print `molt-flashreinforce: <what> died on node <node> at step <step>: <cause>` on stderr,
-* write the same as `failure.json` into the progress directory (the supervisor's record), and
+* write the same as `failure.json` into the progress directory (the supervisor's record; a record
+  a worker wrote first, cluster/progress.py, stands and is the line printed), and
 * end the driver at once with `EXIT_STATUS` (Ray then ends the job's actors everywhere).
 
 `stop()` ends the watch before Molt tears its actors down itself. When Molt raises first (it may
 see an actor on a lost node as unavailable before Ray's GCS declares the node dead),
 `name_the_fault(grace_s)` keeps watching that long, so that the line still names what died; with
 nothing found, Molt's own error stands. The step is the last one the trainer reported
-(plugin/progress.py), 0 before the first.
+(cluster/progress.py), 0 before the first.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ import threading
 from pathlib import Path
 
 from molt_flashreinforce.cluster.actor_map import node_names
+from molt_flashreinforce.cluster.progress import failure_line, record_failure, reported_step
 
 POLL_S = 2.0
 EXIT_STATUS = 75  # the driver's status when the watch ended it
-FAILURE_FILE = "failure.json"
 # Ray's GCS declares a node dead after its health checks fail (5 x 3 s by default): a margin above.
 FAULT_GRACE_S = 30.0
 # ActorDiedErrorContext reasons that mean a fault, not an end someone asked for (ray.kill, out of
@@ -79,27 +80,15 @@ def find_fault(actors: list[dict], nodes: list[dict], job_id: str, seen_alive: d
     return None
 
 
-def failure_line(fault: dict) -> str:
-    return f"molt-flashreinforce: {fault['what']} died on node {fault['node']} at step {fault['step']}: {fault['cause']}"
-
-
 class ActorWatch:
     def __init__(self, progress_dir: Path | None) -> None:
         self._progress_dir = progress_dir
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="molt-flashreinforce-actor-watch", daemon=True)
 
-    def _step(self) -> int:
-        from molt_flashreinforce.plugin.progress import STEP_FILE, read_json
-
-        record = read_json(self._progress_dir / STEP_FILE) if self._progress_dir else None
-        return int(record["step"]) if record else 0
-
     def _run(self) -> None:
         import ray
         import ray._private.state as gcs_state  # the GCS tables; ray.util.state needs the dashboard
-
-        from molt_flashreinforce.plugin.progress import write_json
 
         job_id = ray.get_runtime_context().get_job_id()
         seen_alive: dict[str, str] = {}
@@ -109,10 +98,10 @@ class ActorWatch:
             seen_alive.update(node_names([node for node in nodes if node["Alive"]]))
             if fault is None or self._stopped.is_set():
                 continue
-            fault["step"] = self._step()
+            fault["step"] = reported_step(self._progress_dir)
+            if self._progress_dir is not None:  # a worker's own record of why it stopped comes first
+                fault = record_failure(self._progress_dir, fault)
             print(failure_line(fault), file=sys.stderr, flush=True)
-            if self._progress_dir is not None:
-                write_json(self._progress_dir / FAILURE_FILE, fault)
             os._exit(EXIT_STATUS)  # not SystemExit: Molt's driver is blocked in ray.get in the main thread
 
     def start(self) -> "ActorWatch":

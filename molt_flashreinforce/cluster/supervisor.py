@@ -1,25 +1,28 @@
 """A run that outlives its faults: restarts after a crash or a stall, a checkpoint and a requeue
 when SLURM asks the run to stop.
 
-    run(allocation, settings, resources, resilience, run_dir, start, checkpoint_step) -> restarts
+    run(allocation, settings, resources, resilience, run_dir, start, checkpoint_step) -> History
 
 `run` is the one way a launch and a rehearsal run Molt: on this machine (allocation None), or as
 the head of a multi-node allocation (`ray_nodes.lead`), with `Supervisor` around the attempts.
 
 `start(env)` launches one attempt of Molt's driver (env: where the workers report progress,
-plugin/progress.py) and returns its process. While it runs, the supervisor watches:
+cluster/progress.py) and returns its process. While it runs, the supervisor watches:
 
 * **Crash.** The driver exits non-zero: an actor or node died (its one line comes from
-  `actor_watch`, which ends the driver within seconds), or Molt raised.
+  `actor_watch`, which ends the driver within seconds), or Molt raised. A worker that refused to
+  run (a Molt not as tested) records why in the progress files: the attempt stops at once, and the
+  run too, since every attempt would fail the same way.
 * **Stall.** No optimizer step and no finished rollout for `stall_timeout_s` (before the
   attempt's first report, `startup_timeout_s`, which covers model loading and the engines'
   start). The Python stacks of every process of the run go to `<run_dir>/stacks/attempt-<n>/`
   (`stacks`; `dump_elsewhere` asks the other nodes for theirs), then it is handled as a crash.
 * **A signal.** SIGUSR2 (SLURM's `--signal` warning before the time limit) or SIGTERM
   (preemption; `scancel --signal=TERM`): the workers are asked for a checkpoint at the next step
-  boundary (plugin/progress.py), and the attempt is stopped once it is written, or after
-  `checkpoint_wait_s`, past which the last complete checkpoint is what the next attempt resumes
-  from. Under SLURM the run then asks to be requeued (`Requeue`; at most `max_requeues` times),
+  boundary (cluster/progress.py), and the attempt is stopped once it is written, or after
+  `checkpoint_wait_s`. A checkpoint is announced only when `checkpoint_step()` (what Molt's own
+  loader would resume from) is the step saved; otherwise the line names the last complete one,
+  which the next attempt resumes from. Under SLURM the run then asks to be requeued (`Requeue`; at most `max_requeues` times),
   and the requeued job resumes in the same run directory. That is for a job SLURM still shows
   RUNNING (a preemption's grace time, `scancel --signal=TERM`). A SIGTERM of a job that is
   already ending (a plain `scancel`, the time limit itself: slurmctld shows it COMPLETING, and
@@ -31,8 +34,10 @@ wait for a lost node to rejoin) and a new attempt resumes from the last complete
 `max_restarts` times; one line says what happened and from which step it goes on. Not restarted:
 an attempt that failed through the run's own code or config (an actor's constructor raised, Molt
 raised on its own) before its first optimizer step, since every attempt would fail the same way. Every attempt
-is recorded in `<run_dir>/launch/attempts.json` (start, end, cause, the step it resumed from and
-the last step it reported), across requeues too.
+is recorded in `<run_dir>/launch/attempts.json` (start, end, outcome, cause, the step it resumed
+from, the last step it reported, and its launch: the SLURM job, which a requeue keeps), and a
+launch's `History` (restarts, requeues, where each attempt resumed) is read from there, so it
+covers the attempts of the job's earlier, requeued runs too.
 """
 
 from __future__ import annotations
@@ -48,11 +53,10 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from molt_flashreinforce.cluster import processes, ray_nodes, slurm, stacks
-from molt_flashreinforce.cluster.actor_watch import FAILURE_FILE, failure_line
 from molt_flashreinforce.cluster.errors import ClusterError
 from molt_flashreinforce.cluster.slurm import Allocation
-from molt_flashreinforce.plugin.progress import (DONE_FILE, PROGRESS_DIR_VARIABLE, REQUEST_FILE, ROLLOUT_FILE,
-                                                 STEP_FILE, read_json, write_json)
+from molt_flashreinforce.cluster.progress import (DONE_FILE, FAILURE_FILE, PROGRESS_DIR_VARIABLE, REQUEST_FILE,
+                                                  ROLLOUT_FILE, STEP_FILE, failure_line, read_json, write_json)
 
 ATTEMPTS_FILE = "attempts.json"  # under <run_dir>/launch/
 PROGRESS_SUBDIR = "progress"
@@ -99,9 +103,32 @@ class Attempt:
     started: str
     resumed_from_step: int
     slurm_job: str | None
+    launch: str  # the launch it belongs to: its SLURM job (kept by a requeue), else one supervisor
     ended: str | None = None
+    outcome: str | None = None  # FINISHED, FAULT, STALLED, STOPPED or ENDED
     cause: str | None = None
     last_step: int | None = None
+
+
+@dataclass(frozen=True)
+class History:
+    """A launch's attempts, requeued SLURM runs of its job included."""
+
+    attempts: int
+    restarts: int  # attempts that followed a crash or a stall
+    requeues: int  # attempts that followed SLURM's request to stop
+    resumed_from: tuple[int, ...]  # the step each attempt resumed from, in order
+
+    @property
+    def resumed_from_step(self) -> int:
+        return self.resumed_from[0] if self.resumed_from else 0
+
+
+def history(run_dir: Path, launch: str) -> History:
+    attempts = [a for a in read_attempts(run_dir) if a.get("launch") == launch]
+    followed = [previous.get("outcome") for previous in attempts[:-1]]
+    return History(attempts=len(attempts), restarts=sum(o in (FAULT, STALLED) for o in followed),
+                   requeues=followed.count(STOPPED), resumed_from=tuple(a["resumed_from_step"] for a in attempts))
 
 
 def _now() -> str:
@@ -120,6 +147,7 @@ class Supervisor:
         self.resilience = resilience
         self.checkpoint_step = checkpoint_step
         self.job = job
+        self.launch = f"slurm-{job}" if job else uuid.uuid4().hex
         self.progress = run_dir / PROGRESS_SUBDIR
         self._signal: int | None = None
 
@@ -167,9 +195,13 @@ class Supervisor:
             saved = done["step"] if done and done.get("id") == request else None
             time.sleep(POLL_S)
         processes.stop_tree(child.pid)
-        if saved is not None:
+        complete = self.checkpoint_step()
+        if saved is not None and complete == saved:  # on disk, and what Molt's loader resumes from
             return f"{why}: checkpoint at step {saved}"
-        return f"{why}: no checkpoint within {self.resilience.checkpoint_wait_s:g} s, the last complete one stands"
+        stands = f"the last complete one stands ({f'step {complete}' if complete else 'none: a new attempt starts at step 0'})"
+        if saved is not None:
+            return f"{why}: Molt saved step {saved} but no complete checkpoint of it is on disk; {stands}"
+        return f"{why}: no checkpoint within {self.resilience.checkpoint_wait_s:g} s, {stands}"
 
     def _watch(self, child: Child, started: float, dump_elsewhere: Callable[[Path], None],
                attempt: int) -> tuple[str, str]:
@@ -182,6 +214,10 @@ class Supervisor:
                     return FINISHED, "finished"
                 failure = read_json(self.progress / FAILURE_FILE)
                 return FAULT, failure_line(failure) if failure else f"{PREFIX}: Molt exited with status {code}"
+            failure = read_json(self.progress / FAILURE_FILE)
+            if failure is not None and failure.get("code_fault"):  # a worker refused to run: no need to wait
+                processes.stop_tree(child.pid)
+                return FAULT, failure_line(failure)
             if self._signal is not None:
                 name = signal.Signals(self._signal).name
                 state = slurm.job_state(self.job) if self.job else None
@@ -217,16 +253,17 @@ class Supervisor:
         number = len(read_attempts(self.run_dir))
         while True:
             self._fresh_progress()
-            attempt = Attempt(attempt=number, started=_now(), resumed_from_step=self.checkpoint_step(), slurm_job=self.job)
+            attempt = Attempt(attempt=number, started=_now(), resumed_from_step=self.checkpoint_step(), slurm_job=self.job,
+                              launch=self.launch)
             self._record(attempt)
             started = time.time()
             child = start({PROGRESS_DIR_VARIABLE: str(self.progress)})
             outcome, cause = self._watch(child, started, dump_elsewhere, number)
             child.wait()
-            attempt.ended, attempt.cause, attempt.last_step = _now(), cause, self._reported_step()
+            attempt.ended, attempt.outcome, attempt.cause, attempt.last_step = _now(), outcome, cause, self._reported_step()
             self._record(attempt)
             if outcome == FINISHED:
-                return restarts
+                return history(self.run_dir, self.launch).restarts
             failure = read_json(self.progress / FAILURE_FILE)
             if failure is None:  # else the driver printed the line itself
                 print(cause, flush=True)
@@ -235,6 +272,9 @@ class Supervisor:
             if outcome == STOPPED:
                 raise Requeue(cause)
             code_fault = failure.get("code_fault", False) if failure else outcome == FAULT  # Molt raised itself
+            if failure and failure.get("every_attempt"):  # e.g. a worker's Molt is not the tested one
+                raise ClusterError(f"{cause.removeprefix(PREFIX + ': ')}; not restarted: every attempt would fail "
+                                   f"the same way. {self.run_dir} keeps the logs")
             if code_fault and attempt.last_step is None:
                 raise ClusterError(
                     f"{cause.removeprefix(PREFIX + ': ')}; not restarted: it failed before its first optimizer step, "
@@ -272,8 +312,8 @@ def requeue_and_wait(resilience: Resilience, cause: str) -> None:
 
 def run(allocation: Allocation | None, settings: ray_nodes.ClusterSettings, resources: ray_nodes.NodeResources,
         resilience: Resilience, run_dir: Path, start: Callable[[dict[str, str]], Child],
-        checkpoint_step: Callable[[], int]) -> int:
-    """Molt's attempts under a `Supervisor`; the number of restarts. Without an allocation Molt
+        checkpoint_step: Callable[[], int]) -> History:
+    """Molt's attempts under a `Supervisor`; the launch's `History` (its requeued runs included). Without an allocation Molt
     starts its own Ray and every process an attempt leaves is stopped before the next; on a
     multi-node allocation this is the head's part, and a restart first waits for every node
     (one whose Ray node died starts a new one, `ray_nodes.join`)."""
@@ -282,19 +322,19 @@ def run(allocation: Allocation | None, settings: ray_nodes.ClusterSettings, reso
         if allocation is None:
             processes.become_subreaper()
             try:
-                return supervisor.run(start, before_restart=processes.stop_descendants)
+                supervisor.run(start, before_restart=processes.stop_descendants)
             finally:
                 processes.stop_descendants()
-        restarts = [0]
+            return history(run_dir, supervisor.launch)
 
         def attempts(cluster_env: dict[str, str]) -> None:
-            restarts[0] = supervisor.run(
+            supervisor.run(
                 lambda env: start({**cluster_env, **env}),
                 before_restart=lambda: ray_nodes.wait_for_nodes(allocation, settings, run_dir),
                 dump_elsewhere=lambda where: ray_nodes.request_stacks(allocation, run_dir, where))
 
         ray_nodes.lead(allocation, settings, resources, run_dir, attempts)
-        return restarts[0]
+        return history(run_dir, supervisor.launch)
     except Requeue as stopped:
         requeue_and_wait(resilience, str(stopped))
         raise  # not reached: SLURM ends this task

@@ -4,7 +4,9 @@ ALFWorld's data (``alfworld-download``) keeps each game as
 ``json_2.1.1/<split>/<task>/<trial>/game.tw-pddl`` next to ``traj_data.json``. Games are
 taken the way ALFWorld's own loader takes them: skipping ``movable``/``Sliced`` tasks and
 games not marked ``solvable``, in sorted path order. Rows store the path relative to the
-data root, which the agent resolves against ``ALFWORLD_DATA`` on each worker.
+data root, which the agent resolves against ``ALFWORLD_DATA`` on each worker. Each row's prompt
+ends with a tag naming its game (``alfworld_protocol.game_prompt``; the agent removes it), so
+that Molt, which tells an eval row's datasource by its prompt text, keeps seen and unseen apart.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 
-from molt_flashreinforce.agents.alfworld_protocol import INSTRUCTIONS
+from molt_flashreinforce.agents.alfworld_protocol import game_prompt
 from molt_flashreinforce.data.sources import SourceError
 
 GAME_FILE = "game.tw-pddl"
@@ -38,4 +40,4 @@ def list_games(data_root: str, split: str) -> list[str]:
 
 
 def alfworld_row(game_file: str, datasource: str) -> dict:
-    return {"prompt": [{"role": "user", "content": INSTRUCTIONS}], "game_file": game_file, "datasource": datasource}
+    return {"prompt": [{"role": "user", "content": game_prompt(game_file)}], "game_file": game_file, "datasource": datasource}

@@ -45,7 +45,7 @@ def _math_part_rows(part: Part, source: str) -> tuple[list[dict], str]:
     rows, seen, read = [], set(), 0
     for number, record in read_records(source, default_split=split or "train"):
         read += 1
-        problem, row = math_row(record, f"{source} row {number}", part.style, part.datasource)
+        problem, row = math_row(record, f"{source} row {number}", part.style, part.datasource, part.by_data_source)
         if part.dedup:
             key = " ".join(problem.split())
             if key in seen:

@@ -74,19 +74,24 @@ def prompt_messages(problem: str, style: str) -> list[dict]:
     raise ValueError(f"unknown prompt style {style!r}; use one of {', '.join(STYLES)}")
 
 
-def datasource_name(raw: str) -> str:
-    """A tag-safe datasource name: ``"AIME 2024"`` -> ``"aime_2024"``."""
-    return re.sub(r"[^a-z0-9]+", "_", str(raw).lower()).strip("_")
+def _renamed(raw, by_data_source: tuple[tuple[str, str], ...], where: str) -> str:
+    known = dict(by_data_source)
+    if raw not in known:
+        names = ", ".join(f"{value!r} (-> {name})" for value, name in by_data_source)
+        raise MalformedRowError(f"{where}: data_source {raw!r} is not a benchmark of this source; known: {names}")
+    return known[raw]
 
 
-def math_row(record: dict, where: str, style: str, datasource: str | None) -> tuple[str, dict]:
-    """(problem text, Molt row). ``datasource=None`` takes the record's own ``data_source``."""
+def math_row(record: dict, where: str, style: str, datasource: str | None,
+             by_data_source: tuple[tuple[str, str], ...] = ()) -> tuple[str, dict]:
+    """(problem text, Molt row). ``datasource=None``: the record's own ``data_source``, renamed by
+    ``by_data_source`` (a value it does not list is refused)."""
     problem = problem_text(record, where)
     if datasource is None:
         raw = record.get("data_source") or record.get("datasource")
         if not raw:
             raise MalformedRowError(f"{where}: no data_source field to name its benchmark")
-        datasource = datasource_name(raw)
+        datasource = _renamed(raw, by_data_source, where)
     return problem, {
         "prompt": prompt_messages(problem, style),
         "reward_model": {"ground_truth": answer_text(record, where)},

@@ -1,1 +1,2 @@
-"""The Hydra front end and the Molt launcher (`molt-flashreinforce`); see `app.py`."""
+"""The Molt launcher: a composed config checked, rendered into Molt's own flags, validated by Molt's
+parser, recorded, and run under the supervisor (`job.launch`). The command line is `app/`."""

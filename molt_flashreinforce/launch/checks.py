@@ -6,8 +6,9 @@
 * `check_context(cfg, model_max_positions, source)`: `molt.data.max_len` (Molt's context budget,
   which vLLM gets as max_model_len) against the context of the model Molt will load;
   `model_max_positions(cfg)` finds that context offline (see `model_context`).
+* `check_grader(cfg)`: `agent.grader` is a math grader, for an agent that grades answers.
 * `resolve_agent_file(cfg)`: the agent file a launch uses, or a problem describing why it is missing.
-* `missing_resources(cfg, agent_problem)`: what a real launch still needs (model directory,
+* `missing_resources(cfg, agent_problem, copy)`: what a real launch still needs (model directory,
   datasets, agent file, environment variables). A dry run prints these as warnings, a real launch
   refuses them. A dataset that exists but is malformed raises at once: that is a bug, not absence.
 """
@@ -21,12 +22,16 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from molt_flashreinforce.algo_settings import SettingError
+from molt_flashreinforce.algo_settings import check as check_algo
 from molt_flashreinforce.launch import model_context
 from molt_flashreinforce.launch.errors import LaunchError
 
 # How many JSONL rows are parsed to check a dataset's shape (the whole file is not read).
 DATASET_ROWS_CHECKED = 64
 MOLT_DEFAULT_MAX_LEN = 2048  # Molt's --data.max_len default
+# agents/grader_pool.RULES (a test keeps them equal): importing the agents starts grader machinery.
+MATH_GRADERS = ("strict", "molt")
 
 
 def _molt_value(cfg: DictConfig, dotted: str, default=None):
@@ -34,35 +39,19 @@ def _molt_value(cfg: DictConfig, dotted: str, default=None):
     return default if value is None else value
 
 
-def _check_flashreinforce(cfg: DictConfig) -> None:
-    algo = cfg.algo
-    if algo.group_size != 1:
+def _check_sampling(cfg: DictConfig) -> None:
+    """FlashREINFORCE's ratio pi/mu needs mu's full support."""
+    if cfg.algo.name != "flashreinforce" or not cfg.algo.importance_sampling:
+        return
+    top_p = float(_molt_value(cfg, "rollout.top_p", 1.0))
+    if top_p < 1.0:
         raise LaunchError(
-            f"algo.group_size={algo.group_size}: FlashREINFORCE uses one rollout per prompt. Set "
-            "algo.group_size=1 (compare against several samples per prompt with algo=grpo)."
+            f"molt.rollout.top_p={top_p} with importance sampling: the ratio pi/mu needs mu's full support, "
+            "and top-p sampling gives tokens outside the nucleus probability 0. Use molt.rollout.top_p=1.0 "
+            "(or algo.importance_sampling=false)."
         )
-    delta = float(algo.delta)
-    if math.isnan(delta) or delta < 0:
-        raise LaunchError(
-            f"algo.delta={algo.delta} must be >= 0 (a trust-region bound on a KL); use algo.delta=inf to disable "
-            "the trust region."
-        )
-    if not 0.0 <= float(algo.entropy_filter_q) <= 1.0:
-        raise LaunchError(f"algo.entropy_filter_q={algo.entropy_filter_q} must lie in [0, 1] (1 = filter off).")
-    if algo.reduction == "constant_length" and not (algo.constant_length and algo.constant_length > 0):
-        raise LaunchError(
-            "algo.reduction=constant_length needs algo.constant_length > 0 (the paper's tool variant uses 6144)."
-        )
-    if algo.importance_sampling:
-        top_p = float(_molt_value(cfg, "rollout.top_p", 1.0))
-        if top_p < 1.0:
-            raise LaunchError(
-                f"molt.rollout.top_p={top_p} with importance sampling: the ratio pi/mu needs mu's full support, "
-                "and top-p sampling gives tokens outside the nucleus probability 0. Use molt.rollout.top_p=1.0 "
-                "(or algo.importance_sampling=false)."
-            )
     top_k = OmegaConf.select(cfg.molt, "rollout.top_k", default=None)
-    if top_k is not None and top_k > 0 and algo.importance_sampling:
+    if top_k is not None and top_k > 0:
         raise LaunchError(
             f"molt.rollout.top_k={top_k} with importance sampling: top-k sampling gives every other token "
             "probability 0 under mu, so pi/mu is unsupported there. Remove molt.rollout.top_k."
@@ -160,20 +149,33 @@ def check_context(cfg: DictConfig, model_max_positions: int | None, source: str 
                       f"({source}), so vLLM refuses max_model_len={max_len}: {fix}.")
 
 
+def check_grader(cfg: DictConfig) -> None:
+    """`agent.grader` names one of the math graders, and an agent that reads it."""
+    grader = cfg.agent.get("grader") or "strict"
+    if grader not in MATH_GRADERS:
+        raise LaunchError(f"agent.grader={grader} is not one of {', '.join(MATH_GRADERS)}: strict (this package's "
+                          "grader) or molt (the rules of Molt's example math grader).")
+    if grader != "strict" and cfg.agent.kind == "alfworld" and not cfg.agent.path:
+        raise LaunchError(f"agent.grader={grader}: the alfworld agent has no answers to grade (its reward is the "
+                          "game's success); remove agent.grader.")
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise `LaunchError` for any combination that cannot be right, whatever the machine."""
     if cfg.model.name_or_path is None:
         raise LaunchError("model.name_or_path is not set; the experiment sets it, or pass model.name_or_path=<id or path>.")
-    if cfg.algo.name == "flashreinforce":
-        _check_flashreinforce(cfg)
-    elif cfg.algo.group_size < 2:
-        raise LaunchError(f"algo.group_size={cfg.algo.group_size}: GRPO's group baseline needs >= 2 samples per prompt.")
+    try:
+        check_algo(cfg.algo)  # every algo.* setting: algo_settings.py
+    except SettingError as error:
+        raise LaunchError(str(error)) from None
+    _check_sampling(cfg)
     _check_batches_and_placement(cfg)
     _check_policy_lag_bound(cfg)
     # An explicit agent.path may read ENABLE_THINKING itself; of the shipped agents only python_tool does.
     if cfg.agent.get("enable_thinking") is not None and cfg.agent.kind != "python_tool" and not cfg.agent.path:
         raise LaunchError(f"agent.enable_thinking={cfg.agent.enable_thinking}: the shipped {cfg.agent.kind} agent ignores "
                           "it (only the python_tool agent reads it); remove agent.enable_thinking.")
+    check_grader(cfg)
     check_context(cfg, *model_max_positions(cfg))
 
 
@@ -236,13 +238,13 @@ def _dataset_problem(
     return None
 
 
-def missing_resources(cfg: DictConfig, agent_problem: str | None) -> list[str]:
-    """What a real launch still needs; empty when everything is in place."""
+def missing_resources(cfg: DictConfig, agent_problem: str | None, copy: Path | None) -> list[str]:
+    """What a real launch still needs; empty when everything is in place (`copy`: the
+    context-extended copy of the model the job loads, `model_context.extended_copy_path`)."""
     problems = []
     model = str(cfg.model.name_or_path)
     if model.startswith((".", "/", "~")) and not Path(model).expanduser().is_dir():
         problems.append(f"model.name_or_path={model} is not a directory")
-    copy = model_context.extended_copy_path(cfg)
     if copy is not None and model_context.config_max_positions(str(copy)) is None:
         positions = cfg.model.max_position_embeddings
         problems.append(

@@ -9,6 +9,7 @@ outlive an attempt, with its output copied to `<run_dir>/molt.log` and where its
 log) when it fails. `run_supervised(job, cfg, allocation, resources)` is how a launch runs it: on
 the node(s) of the allocation (`cluster.ray_nodes`), one attempt after another under
 `cluster.supervisor` (restarts, stall watchdog, checkpoint and requeue on SLURM's signals).
+`launch(cfg, run_dir, allocation)` is all of it for one `backend=molt` job of the command line.
 
 An attempt in a run directory that holds a complete Molt checkpoint gets `--ckpt.load_enable`
 (a rerun, a restart, a requeued job), and every attempt continues the run's one W&B run.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 
 from molt_flashreinforce.launch import checks
 from molt_flashreinforce.launch.errors import LaunchError
+from molt_flashreinforce.launch.model_context import extended_copy_path
 from molt_flashreinforce.launch.records import wandb_resume_env, write_records
 from molt_flashreinforce.launch.render import CHECKPOINT_SUBDIR, MOLT_ENTRY_MODULE, MoltCommand, render_command
 
@@ -49,26 +50,32 @@ class MoltJob:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete actor checkpoint Molt would resume from, if any."""
-    actor_dir = run_dir / CHECKPOINT_SUBDIR / "state" / "_actor"
-    if not actor_dir.is_dir():
-        return None
-    # Molt writes extra_state.pt last, so only its presence marks a finished checkpoint.
-    complete = [d for d in actor_dir.iterdir() if (d / "model").is_dir() and (d / "extra_state.pt").is_file()]
-    return max(complete, key=lambda d: d.stat().st_mtime, default=None)
+    """The checkpoint Molt's own loader would resume from, if any (plugin/seams.py)."""
+    from molt_flashreinforce.plugin.seams import resumable_checkpoint
+
+    return resumable_checkpoint(run_dir / CHECKPOINT_SUBDIR / "state" / "_actor")
 
 
-def prepare_molt_job(cfg: DictConfig, run_dir: Path) -> MoltJob:
+def prepare_molt_job(cfg: DictConfig, run_dir: Path, checked: bool = False) -> MoltJob:
+    """Everything but Ray for one job; `checked`: the caller ran `checks.check_config(cfg)` already
+    (the command line's validation), so it is not run twice."""
     from molt_flashreinforce.launch.molt_cli import MoltArgumentError, build_parser, flag_dests, parse_and_validate
     from molt_flashreinforce.plugin import policy_loss_from_args
+    from molt_flashreinforce.plugin import seams
 
-    checks.check_config(cfg)
+    if not checked:
+        checks.check_config(cfg)
+    try:
+        seams.check()
+    except seams.UnsupportedMolt as error:
+        raise LaunchError(str(error)) from None
     agent_file, agent_problem = checks.resolve_agent_file(cfg)
     parser = build_parser()
+    model_copy = extended_copy_path(cfg)
     command = render_command(
-        cfg, run_dir, flag_dests(parser), agent_file, resume=latest_checkpoint(run_dir) is not None
-    )
-    problems = checks.missing_resources(cfg, agent_problem)
+        cfg, run_dir, flag_dests(parser), agent_file, resume=latest_checkpoint(run_dir) is not None,
+        model_copy=model_copy)
+    problems = checks.missing_resources(cfg, agent_problem, model_copy)
     if problems and not cfg.dry_run:
         raise LaunchError("a real launch needs:\n  - " + "\n  - ".join(problems) + "\n(dry_run=true lists these as warnings.)")
 
@@ -92,10 +99,10 @@ def prepare_molt_job(cfg: DictConfig, run_dir: Path) -> MoltJob:
 
 
 def checkpoint_step(run_dir: Path) -> int:
-    """The global step of the newest complete checkpoint (0 without one)."""
-    latest = latest_checkpoint(run_dir)
-    found = re.search(r"(\d+)$", latest.name) if latest else None
-    return int(found.group(1)) if found else 0
+    """The global step of the checkpoint Molt would resume from (0 without one)."""
+    from molt_flashreinforce.plugin.seams import checkpoint_step as step_of
+
+    return step_of(latest_checkpoint(run_dir))
 
 
 class MoltProcess:
@@ -150,9 +157,9 @@ def run_molt_job(job: MoltJob, extra_env: dict[str, str] | None = None, module: 
         raise RuntimeError(f"Molt exited with status {code}; its output is in {process.log_path}")
 
 
-def run_supervised(job: MoltJob, cfg: DictConfig, allocation, resources, module: str = MOLT_ENTRY_MODULE) -> int:
-    """Run the job on the allocation's nodes (None: this machine) under the supervisor; the number
-    of restarts it took."""
+def run_supervised(job: MoltJob, cfg: DictConfig, allocation, resources, module: str = MOLT_ENTRY_MODULE):
+    """Run the job on the allocation's nodes (None: this machine) under the supervisor; the launch's
+    `supervisor.History` (restarts and requeues, the step each attempt resumed from)."""
     from molt_flashreinforce.cluster import ray_nodes, supervisor
 
     return supervisor.run(
@@ -160,3 +167,30 @@ def run_supervised(job: MoltJob, cfg: DictConfig, allocation, resources, module:
         supervisor.Resilience.from_node(cfg.resilience), job.run_dir,
         start=lambda env: start_molt_job(job, extra_env=env, module=module),
         checkpoint_step=lambda: checkpoint_step(job.run_dir))
+
+
+def launch(cfg: DictConfig, run_dir: Path, allocation) -> None:
+    """`backend=molt`: on a multi-node allocation's other nodes, join the head's Ray cluster; on the
+    head (or this machine), prepare the job, print Molt's command and, unless a dry run, run it."""
+    from molt_flashreinforce.cluster import ray_nodes
+
+    settings = ray_nodes.ClusterSettings.from_node(cfg.cluster)
+    gpu_node = ray_nodes.NodeResources()  # Ray detects each node's CPUs and GPUs
+    if allocation is not None and not allocation.is_head:
+        ray_nodes.join(allocation, settings, gpu_node, run_dir)  # the head node's task prepares and runs the job
+        return
+    with ray_nodes.heading(allocation, run_dir):
+        print("Checking the flags with Molt's own parser and validation (importing Molt takes about 20 s) ...", flush=True)
+        job = prepare_molt_job(cfg, run_dir, checked=True)  # validated by the command line (app/dispatch.py)
+        if job.molt_messages.strip():
+            print(f"Molt's validation said:\n{job.molt_messages.rstrip()}")
+        for warning in job.warnings:
+            print(f"WARNING: a real launch needs: {warning}")
+        print(f"Molt command ({run_dir / 'launch' / 'molt_command.sh'}):\n{job.command.shell()}")
+        if cfg.dry_run:
+            print("dry_run=true: not starting Ray.")
+            return
+        history = run_supervised(job, cfg, allocation, gpu_node)
+        after = [f"{count} {what}(s)" for count, what in ((history.restarts, "restart"), (history.requeues, "requeue")) if count]
+        print(f"Molt finished{' after ' + ' and '.join(after) if after else ''}; attempts in "
+              f"{run_dir / 'launch' / 'attempts.json'}")

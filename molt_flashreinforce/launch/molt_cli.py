@@ -12,7 +12,8 @@ namespace, in two halves:
   nested `args` exactly as Molt's `train(args)` would receive them.
 
 Argparse errors raise `MoltArgumentError` instead of exiting, and Molt's own checks raise their own
-exceptions (ValueError, AssertionError, NotImplementedError) with Molt's messages.
+exceptions (ValueError, AssertionError, NotImplementedError) with Molt's messages. A Molt whose
+block is laid out otherwise is refused by plugin/seams.py (`MoltDrift`, one line).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
-import inspect
 from types import CodeType, SimpleNamespace
 
 
@@ -30,28 +30,15 @@ class MoltArgumentError(ValueError):
 
 @functools.lru_cache(maxsize=1)
 def _lifted_block() -> tuple[CodeType, CodeType, dict]:
-    import molt.cli.train_rl_ray as train_rl_ray
+    from molt_flashreinforce.plugin.seams import train_rl_ray_main_block
 
-    path = inspect.getsourcefile(train_rl_ray)
-    tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
-    main_block = next(
-        node
-        for node in tree.body
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
-    )
-    body = main_block.body
-    split = next(
-        i for i, stmt in enumerate(body) if ast.unparse(stmt).replace(" ", "") == "args=parser.parse_args()"
-    )
-    if ast.unparse(body[-1]) != "train(args)":
-        raise RuntimeError(
-            f"{path} no longer ends its __main__ block with train(args); this Molt version is not supported."
-        )
+    body, path, module_globals = train_rl_ray_main_block()  # its layout is checked there
+    split = next(i for i, stmt in enumerate(body) if ast.unparse(stmt).replace(" ", "") == "args=parser.parse_args()")
 
     def compile_statements(statements: list[ast.stmt]) -> CodeType:
         return compile(ast.Module(body=statements, type_ignores=[]), path, "exec")
 
-    return compile_statements(body[:split]), compile_statements(body[split + 1 : -1]), vars(train_rl_ray)
+    return compile_statements(body[:split]), compile_statements(body[split + 1 : -1]), module_globals
 
 
 def _raise_instead_of_exit(message: str) -> None:
@@ -69,6 +56,7 @@ def _run_build_statements() -> dict:
     extend_choices(parser)
     add_plugin_arguments(parser)
     parser.error = _raise_instead_of_exit
+    parser.molt_namespace = namespace  # parse_and_validate runs Molt's checks in it
     return namespace
 
 
@@ -86,8 +74,8 @@ def parse_and_validate(argv: list[str], parser: argparse.ArgumentParser | None =
     """Parse `argv` and run Molt's own derivation and validation; return the nested args."""
     _, validate_code, _ = _lifted_block()
     # The validation statements use names the building statements imported (hierarchize's
-    # neighbours, resolve_ckpt_retention), so they run in a namespace where those ran.
-    namespace = _run_build_statements()
-    namespace["args"] = (parser or namespace["parser"]).parse_args(argv)
+    # neighbours, resolve_ckpt_retention), so they run in the namespace where those ran.
+    namespace = dict((parser or build_parser()).molt_namespace)
+    namespace["args"] = namespace["parser"].parse_args(argv)
     exec(validate_code, namespace)
     return namespace["args"]

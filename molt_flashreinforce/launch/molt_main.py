@@ -4,7 +4,7 @@ Runs Molt's own parser, validation and `train(args)` unchanged (see `molt_cli`),
 `flashreinforce` is accepted by its `choices` and the `--flashreinforce.*` flags exist. Before
 `train(args)` it builds in this process the `PolicyLoss` the GPU actors will build, so a bad
 combination fails here, and it starts Ray itself with our worker setup hook, so every Ray worker
-registers the plugin and installs the policy-lag probe before it loads an actor.
+registers the plugin and installs the runtime patches before it loads an actor (plugin/ray_hooks.py).
 
 While `train(args)` runs, `cluster.actor_watch` ends this process within seconds of any of the
 run's actors or nodes dying (Molt itself would go on dropping rollouts for minutes), naming what
@@ -20,39 +20,53 @@ from __future__ import annotations
 
 import os
 import sys
+from argparse import Namespace
 from pathlib import Path
+from typing import Callable
 
 from molt_flashreinforce.cluster import actor_map, actor_watch
 from molt_flashreinforce.launch.render import WORKER_ENV_VARIABLE
-from molt_flashreinforce.plugin.progress import PROGRESS_DIR_VARIABLE
+from molt_flashreinforce.plugin.compat import ACCEPT_VARIABLE, UnsupportedMolt
+from molt_flashreinforce.cluster.progress import PROGRESS_DIR_VARIABLE
 
 ACTOR_MAP_VARIABLE = "MOLT_FLASHREINFORCE_ACTOR_MAP"
 # What the supervisor (cluster.supervisor) sets for an attempt, which the workers need too: where
-# they report progress, and the W&B run that every attempt continues.
-SUPERVISOR_ENV = (PROGRESS_DIR_VARIABLE, "WANDB_RUN_ID", "WANDB_RESUME")
+# they report progress, and the W&B run that every attempt continues; and a user's acceptance of
+# an untested Molt, which every worker checks again.
+SUPERVISOR_ENV = (PROGRESS_DIR_VARIABLE, "WANDB_RUN_ID", "WANDB_RESUME", ACCEPT_VARIABLE)
+REFUSED_STATUS = 2  # the driver refused this Molt (untested, or not as tested) before any work
 
 
 def worker_env_vars(environ: dict[str, str]) -> dict[str, str]:
-    from molt.cli.train_rl_ray import _ray_runtime_env_vars
+    from molt_flashreinforce.plugin.seams import ray_runtime_env_vars
 
-    env_vars = _ray_runtime_env_vars()
+    env_vars = ray_runtime_env_vars()
     for name in [*filter(None, environ.get(WORKER_ENV_VARIABLE, "").split(",")), *SUPERVISOR_ENV]:
         if environ.get(name):
             env_vars[name] = environ[name]
     return env_vars
 
 
-def main(argv: list[str] | None = None, *, setup_hook: str | None = None, ray_options: dict | None = None) -> None:
+def main(argv: list[str] | None = None, *, setup_hook: str | None = None, ray_options: dict | None = None,
+         adjust_args: Callable[[Namespace], None] | None = None) -> None:
     """Parse and validate Molt's flags, start Ray with `setup_hook` in every worker, run `train`.
 
-    The CPU rehearsal passes its own hook (stand-ins, then the plugin's) and Ray options."""
+    The CPU rehearsal passes its own hook (stand-ins, then the plugin's), Ray options, and
+    `adjust_args`, its edit of the parsed flags."""
     from molt_flashreinforce.launch.molt_cli import parse_and_validate
     from molt_flashreinforce.plugin import SETUP_HOOK, policy_loss_from_args
     from molt_flashreinforce.plugin.ray_hooks import install_runtime_patches
-    from molt_flashreinforce.plugin.compat import check_molt_version
 
-    check_molt_version()
+    from molt_flashreinforce.plugin import seams
+
+    try:
+        seams.check()
+    except UnsupportedMolt as error:
+        print(f"molt-flashreinforce: {error}", file=sys.stderr, flush=True)
+        sys.exit(REFUSED_STATUS)
     args = parse_and_validate(sys.argv[1:] if argv is None else argv)
+    if adjust_args is not None:
+        adjust_args(args)
     policy_loss_from_args(args)
     install_runtime_patches()  # before train() ships Molt's actor classes to their workers
 

@@ -1,6 +1,6 @@
 """Composed Hydra config -> Molt `train_rl_ray` flags.
 
-`render_command(cfg, run_dir, actions, resume)` returns a `MoltCommand`: the ordered flags, the
+`render_command(cfg, run_dir, actions, agent_file, resume, model_copy)` returns a `MoltCommand`: the ordered flags, the
 environment the Molt process needs, and a shell-quoted command line that reruns it. Flags come
 from the structured nodes (`algo`, `placement`, `model`, `data`, `agent`, `logger`, `seed`, the run
 directory) and from `molt`, which holds raw Molt flags under Molt's own dotted names.
@@ -25,22 +25,20 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from molt_flashreinforce.algo_settings import Setting, flag_settings
 from molt_flashreinforce.launch.errors import LaunchError
-from molt_flashreinforce.launch.model_context import extended_copy_path
+from molt_flashreinforce.plugin.cli_flags import PLUGIN_NAME, recipe_flags
 
 MOLT_ENTRY_MODULE = "molt_flashreinforce.launch.molt_main"
 # Environment variables molt_main forwards to every Ray worker (comma-separated names).
 WORKER_ENV_VARIABLE = "MOLT_FLASHREINFORCE_WORKER_ENV"
 CHECKPOINT_SUBDIR = "ckpt"
+EXPORTS_SUBDIR = "exports"  # <run_dir>/exports/step_<N>/ (plugin/exports.py)
 TENSORBOARD_SUBDIR = "tensorboard"
 
 _REDUCTION_FLAGS = {"sample_mean": "seq-mean-token-mean", "token_mean": "token-mean"}
-_IMPORTANCE_KEYS = (
-    "algo.advantage.is_correction_level",
-    "algo.advantage.is_correction_gating",
-    "algo.advantage.is_correction_mode",
-    "algo.advantage.is_correction_threshold",
-)
+# Molt's importance-correction flags, which the recipe sets (and GRPO's baseline turns off).
+_IMPORTANCE_KEYS = tuple(dest for dest in recipe_flags(0.0) if dest.startswith("algo.advantage.is_correction"))
 
 
 @dataclass(frozen=True)
@@ -109,6 +107,14 @@ class _Flags:
         """Claim a key that is deliberately not rendered (e.g. GRPO's unused IS threshold)."""
         self.owner[dest] = owner
 
+    def add_setting(self, algo: DictConfig, setting: Setting) -> None:
+        """`--flashreinforce.<name>` from `algo.<name>`; an unset optional one is owned, not rendered."""
+        dest, value = f"{PLUGIN_NAME}.{setting.name}", algo.get(setting.name)
+        if value is None:
+            self.own(dest, f"algo.{setting.name}")
+        else:
+            self.add(dest, f"algo.{setting.name}", setting.type(value))
+
 
 def _algo_flags(flags: _Flags, algo: DictConfig) -> None:
     name = algo.name
@@ -119,25 +125,15 @@ def _algo_flags(flags: _Flags, algo: DictConfig) -> None:
         # PolicyLoss replaces that composition with the full objective and reads --flashreinforce.*.
         flags.add("algo.advantage.estimator", "algo", "flashreinforce")
         flags.add("actor.loss_mode", "algo", "flashreinforce")
-        flags.add("algo.advantage.is_correction_level", owner, "seq")
-        flags.add("algo.advantage.is_correction_gating", owner, "binary_kl")
-        flags.add("algo.advantage.is_correction_mode", owner, "mask")
-        flags.add("algo.advantage.is_correction_threshold", owner, float(algo.delta))
-        flags.add("actor.loss_agg_mode", "algo.reduction", "seq-mean-token-mean")
+        for dest, values in recipe_flags(algo.delta).items():
+            flags.add(dest, "algo.reduction" if dest == "actor.loss_agg_mode" else owner, *values)
         flags.add("train.force_on_policy", "algo (one optimizer step per batch)")
         flags.add("train.max_epochs", "algo (one optimizer step per batch)", 1)
         flags.add("rollout.n_samples_per_prompt", "algo.group_size", int(algo.group_size))
         flags.add("algo.kl.init_coef", "algo (no reference KL)", 0)
-        flags.add("flashreinforce.delta", "algo.delta", float(algo.delta))
-        flags.add("flashreinforce.gate_level", "algo.gate_level", algo.gate_level)
-        flags.add("flashreinforce.gate_mean", "algo.gate_mean", algo.gate_mean)
-        flags.add("flashreinforce.reduction", "algo.reduction", algo.reduction)
-        if algo.constant_length is not None:
-            flags.add("flashreinforce.constant_length", "algo.constant_length", int(algo.constant_length))
-        else:
-            flags.own("flashreinforce.constant_length", "algo.constant_length")
-        flags.add("flashreinforce.importance_sampling", "algo.importance_sampling", bool(algo.importance_sampling))
-        flags.add("flashreinforce.entropy_filter_q", "algo.entropy_filter_q", float(algo.entropy_filter_q))
+        for setting in flag_settings():
+            if setting.name != "max_policy_lag":  # every algorithm's: below
+                flags.add_setting(algo, setting)
     elif name == "grpo":
         flags.add("algo.advantage.estimator", "algo", "grpo")
         flags.add("actor.loss_mode", "algo", "ppo")
@@ -167,6 +163,25 @@ def _placement_flags(flags: _Flags, placement: DictConfig) -> None:
     flags.add("fsdp.cp_size", "placement.actor.cp", int(actor.cp))
     flags.add("vllm.num_engines", "placement.vllm.engines", int(placement.vllm.engines))
     flags.add("vllm.tensor_parallel_size", "placement.vllm.tp", int(placement.vllm.tp))
+
+
+def _export_flags(flags: _Flags, exports: DictConfig | None, run_dir: Path) -> None:
+    steps = list(exports.steps) if exports is not None and exports.steps else []
+    every = exports.every if exports is not None else None
+    owner = "exports.steps and exports.every"
+    if not steps and every is None:
+        for dest in ("flashreinforce.export_steps", "flashreinforce.export_every", "flashreinforce.export_dir"):
+            flags.own(dest, owner)
+        return
+    if steps:
+        flags.add("flashreinforce.export_steps", "exports.steps", *(int(step) for step in steps))
+    else:
+        flags.own("flashreinforce.export_steps", "exports.steps")
+    if every is not None:
+        flags.add("flashreinforce.export_every", "exports.every", int(every))
+    else:
+        flags.own("flashreinforce.export_every", "exports.every")
+    flags.add("flashreinforce.export_dir", "the run directory", str(run_dir / EXPORTS_SUBDIR))
 
 
 def _logger_flags(flags: _Flags, logger: DictConfig, run_dir: Path) -> None:
@@ -233,17 +248,29 @@ def _molt_node_flags(flags: _Flags, molt: DictConfig, actions: Mapping[str, argp
         flags.add(dest, f"molt.{dest}", *values)
 
 
+def agent_environment(cfg: DictConfig) -> dict[str, str]:
+    """What the experiment's agent reads from its environment (Molt's examples' convention and
+    ours): its turn limit, thinking on or off, its grader. The eval command gives its agents the same."""
+    env = {"MAX_AGENT_TURNS": str(int(cfg.agent.max_turns)), "MATH_GRADER": str(cfg.agent.get("grader") or "strict")}
+    if cfg.agent.get("enable_thinking") is not None:
+        env["ENABLE_THINKING"] = format_value(bool(cfg.agent.enable_thinking))
+    return env
+
+
 def render_command(
     cfg: DictConfig,
     run_dir: Path,
     actions: Mapping[str, argparse.Action],
     agent_file: str,
     resume: bool,
+    model_copy: Path | None,
 ) -> MoltCommand:
-    """The Molt command for one job. `agent_file` is the resolved agent path; `resume` adds --ckpt.load_enable."""
+    """The Molt command for one job. `agent_file` is the resolved agent path; `resume` adds
+    --ckpt.load_enable; `model_copy` is the context-extended copy of the model Molt loads, if any
+    (`model_context.extended_copy_path`)."""
     flags = _Flags()
     # A model whose context is raised is loaded from the copy whose config.json allows it.
-    extended = extended_copy_path(cfg)
+    extended = model_copy
     flags.add("actor.model_name_or_path", "model.name_or_path and model.max_position_embeddings",
               cfg.model.name_or_path if extended is None else str(extended))
     if cfg.data.train is not None:
@@ -258,10 +285,8 @@ def render_command(
     flags.add("train.seed", "seed", int(cfg.seed))
     _placement_flags(flags, cfg.placement)
     _algo_flags(flags, cfg.algo)
-    if cfg.algo.get("max_policy_lag") is not None:  # every algorithm: the bound is the plugin's, not the loss's
-        flags.add("flashreinforce.max_policy_lag", "algo.max_policy_lag", int(cfg.algo.max_policy_lag))
-    else:
-        flags.own("flashreinforce.max_policy_lag", "algo.max_policy_lag")
+    # Every algorithm's: the bound is the plugin's, not the loss's.
+    flags.add_setting(cfg.algo, next(s for s in flag_settings() if s.name == "max_policy_lag"))
     checkpoints = run_dir / CHECKPOINT_SUBDIR
     flags.add("ckpt.path", "the run directory", str(checkpoints / "state"))
     flags.add("ckpt.output_dir", "the run directory", str(checkpoints / "hf"))
@@ -269,12 +294,11 @@ def render_command(
         flags.add("ckpt.load_enable", "the run directory (resumes when it holds a checkpoint)")
     else:
         flags.own("ckpt.load_enable", "the run directory (resumes when it holds a checkpoint)")
+    _export_flags(flags, cfg.get("exports"), run_dir)
     _logger_flags(flags, cfg.logger, run_dir)
     _molt_node_flags(flags, cfg.molt, actions, cfg.algo.name)
 
-    agent_env = {"MAX_AGENT_TURNS": str(int(cfg.agent.max_turns))}
-    if cfg.agent.get("enable_thinking") is not None:
-        agent_env["ENABLE_THINKING"] = format_value(bool(cfg.agent.enable_thinking))
+    agent_env = agent_environment(cfg)
     worker_env = [*agent_env, *cfg.agent.required_env]
     flags.command.env = {
         **agent_env,

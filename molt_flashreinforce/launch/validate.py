@@ -4,16 +4,15 @@
     validate(cfg)                          # the composed config, before the run directory is written
 
 Both raise `LaunchError` (launch/errors.py), whose message is one line naming the full key, the bad
-value and the fix; `launch/app.py` prints it once on stderr and exits with status 2.
+value and the fix; the CLI (app/shell.py) prints it once on stderr and exits with status 2.
 
 * `check_overrides` composes the config the way Hydra will (once per combination of swept config
   groups) and turns Hydra's composition errors into "did you mean ...?" lines: an unknown key gets
   the closest existing keys (Hydra itself would advise adding it with `+`), an unknown group option
   the closest options. Errors it does not recognise are left to Hydra, so nothing is lost.
-* `validate` checks the backend, the rehearsal, `cluster.*` and `resilience.*` settings, the seed, the `algo` node's
-  types and choices (`algo.max_policy_lag` included), then the backend's
-  own settings: `local.*` through `LocalConfig` (backend=local), the Molt launch checks
-  (`checks.check_config`, backend=molt).
+* `validate` checks the backend, the rehearsal, `cluster.*` and `resilience.*` settings, the seed, the `algo` node
+  (every setting as algo_settings.py declares it), and for backend=molt the Molt launch checks
+  (`checks.check_config`); the CPU backend checks its own `local.*` (`local.config.check`).
 
 Nothing here imports torch, Ray or Molt: a refusal takes well under a second.
 """
@@ -27,16 +26,11 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
+from molt_flashreinforce.algo_settings import SettingError
+from molt_flashreinforce.algo_settings import check as check_algo
 from molt_flashreinforce.launch.errors import LaunchError
 
 BACKENDS = ("local", "molt")
-ALGORITHMS = ("flashreinforce", "grpo")
-# The objective's choices (molt_flashreinforce.objective; a test keeps them equal). Repeated here
-# because importing the objective imports torch, which would take longer than the whole check.
-GATE_LEVELS = ("sequence", "token")
-GATE_MEANS = ("arithmetic", "geometric")
-FLASHREINFORCE_REDUCTIONS = ("sample_mean", "token_mean", "constant_length")
-GRPO_REDUCTIONS = ("token_mean",)
 REHEARSAL_MODES = ("cpu", "gpu")  # rehearsal/cpu.yaml, rehearsal/gpu.yaml
 CONFIG_MODULE = "molt_flashreinforce.conf"
 CONFIG_NAME = "config"
@@ -154,11 +148,9 @@ def _refuse_missing_option(error, parsed: list, loader) -> None:
 
 
 def missing_experiment_message() -> str:
-    from importlib import resources
+    from molt_flashreinforce import conf
 
-    folder = resources.files(CONFIG_MODULE) / "experiment"
-    names = sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
-    return f"experiment is not set; pass experiment=<name>, one of: {', '.join(names)}"
+    return f"experiment is not set; pass experiment=<name>, one of: {', '.join(conf.experiments())}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,65 +179,6 @@ def _integer(key: str, value: Any, minimum: int, fix: str) -> None:
         raise LaunchError(f"{key}={value} must be an integer >= {minimum}; {fix}")
 
 
-def _check_flashreinforce(algo: DictConfig) -> None:
-    delta = _number("algo.delta", algo.delta, "use a bound >= 0 such as algo.delta=3e-3, or algo.delta=inf to "
-                    "disable the trust region")
-    if math.isnan(delta) or delta < 0:
-        raise LaunchError(f"algo.delta={algo.delta} must be >= 0 (a trust-region bound on a KL); use algo.delta=inf "
-                          "to disable the trust region")
-    _choice("algo.gate_level", algo.gate_level, GATE_LEVELS)
-    _choice("algo.gate_mean", algo.gate_mean, GATE_MEANS)
-    if algo.gate_level == "token" and algo.gate_mean != "arithmetic":
-        raise LaunchError(f"algo.gate_mean={algo.gate_mean} needs algo.gate_level=sequence (the token gate compares "
-                          "each token's KL with delta directly); drop algo.gate_mean or use algo.gate_level=sequence")
-    _choice("algo.reduction", algo.reduction, FLASHREINFORCE_REDUCTIONS)
-    if algo.reduction == "constant_length":
-        _integer("algo.constant_length", algo.constant_length, 1,
-                 "algo.reduction=constant_length needs it (the paper's tool variant uses 6144)")
-    elif algo.constant_length is not None:
-        raise LaunchError(f"algo.constant_length={algo.constant_length} is only used by algo.reduction=constant_length; "
-                          f"remove it or set algo.reduction=constant_length")
-    _boolean("algo.importance_sampling", algo.importance_sampling)
-    q = _number("algo.entropy_filter_q", algo.entropy_filter_q, "use a fraction in [0, 1] (1 = filter off)")
-    if not 0.0 <= q <= 1.0:
-        raise LaunchError(f"algo.entropy_filter_q={algo.entropy_filter_q} must lie in [0, 1] (1 = filter off)")
-    _integer("algo.group_size", algo.group_size, 1, "FlashREINFORCE uses algo.group_size=1")
-
-
-def _check_grpo(algo: DictConfig) -> None:
-    _integer("algo.group_size", algo.group_size, 2, "GRPO's group baseline needs several samples per prompt, "
-             "e.g. algo.group_size=4")
-    clip = _number("algo.clip_eps", algo.clip_eps, "the paper uses algo.clip_eps=0.2")
-    if not 0 < clip < 1:
-        raise LaunchError(f"algo.clip_eps={algo.clip_eps} must lie in (0, 1); the paper uses algo.clip_eps=0.2")
-    _choice("algo.reduction", algo.reduction, GRPO_REDUCTIONS)
-
-
-def _check_policy_lag(algo: DictConfig) -> None:
-    bound = algo.get("max_policy_lag")
-    if bound is not None:
-        _integer("algo.max_policy_lag", bound, 0, "use a number of optimizer updates such as algo.max_policy_lag=8, "
-                 "or algo.max_policy_lag=null for no bound")
-
-
-def _check_local(cfg: DictConfig) -> None:
-    from molt_flashreinforce.local.config import LocalConfig, LocalConfigError
-
-    try:
-        local = LocalConfig.from_node(cfg.get("local"))
-    except LocalConfigError as error:
-        raise LaunchError(str(error)) from None
-    if local.rollouts_per_step % cfg.algo.group_size:
-        raise LaunchError(
-            f"local.rollouts_per_step={local.rollouts_per_step} is not a multiple of algo.group_size="
-            f"{cfg.algo.group_size} (each prompt gets a whole group); set local.rollouts_per_step to a multiple of it")
-    bound = cfg.algo.get("max_policy_lag")
-    if bound is not None and local.policy_lag > bound:
-        raise LaunchError(
-            f"local.policy_lag={local.policy_lag} exceeds algo.max_policy_lag={bound}: every local batch is exactly "
-            f"local.policy_lag updates old; lower local.policy_lag to at most {bound} or raise algo.max_policy_lag")
-
-
 def _check_rehearsal(cfg: DictConfig) -> None:
     rehearsal = cfg.rehearsal
     if rehearsal.mode is None:
@@ -262,9 +195,26 @@ def _check_rehearsal(cfg: DictConfig) -> None:
         _integer(f"rehearsal.{key}", rehearsal[key], 1, fix)
     if rehearsal.save_steps is not None:
         _integer("rehearsal.save_steps", rehearsal.save_steps, 1, "e.g. rehearsal.save_steps=2 (null: at the end only)")
+    steps = rehearsal.get("export_steps")
+    if steps is None or isinstance(steps, (str, int)) or not all(
+            isinstance(step, int) and not isinstance(step, bool) and step >= 1 for step in steps):
+        raise LaunchError(f"rehearsal.export_steps={steps} must be a list of steps >= 1, e.g. rehearsal.export_steps=[2] "
+                          "(rehearsal.export_steps=[] for none)")
     for key in ("stall_timeout_s", "startup_timeout_s", "checkpoint_wait_s"):
         if not 0 < _number(f"rehearsal.{key}", rehearsal[key], f"e.g. rehearsal.{key}=300") < math.inf:
             raise LaunchError(f"rehearsal.{key}={rehearsal[key]} must be a positive number of seconds, e.g. rehearsal.{key}=300")
+
+
+def _check_exports(exports: DictConfig | None) -> None:
+    if exports is None:
+        return
+    steps = exports.steps
+    if steps is None or isinstance(steps, (str, int)) or not all(
+            isinstance(step, int) and not isinstance(step, bool) and step >= 1 for step in steps):
+        raise LaunchError(f"exports.steps={steps} must be a list of optimizer steps >= 1, e.g. exports.steps=[2000] "
+                          "(exports.steps=[] for none)")
+    if exports.every is not None:
+        _integer("exports.every", exports.every, 1, "e.g. exports.every=1024, or exports.every=null for none")
 
 
 def _check_cluster(cluster: DictConfig) -> None:
@@ -295,12 +245,13 @@ def validate(cfg: DictConfig) -> None:
     _check_resilience(cfg.resilience)
     _boolean("dry_run", cfg.dry_run)
     _integer("seed", cfg.seed, 0, "use a non-negative integer such as seed=0")
-    _choice("algo.name", cfg.algo.name, ALGORITHMS)
-    (_check_flashreinforce if cfg.algo.name == "flashreinforce" else _check_grpo)(cfg.algo)
-    _check_policy_lag(cfg.algo)
-    if cfg.backend == "local":
-        _check_local(cfg)
-    else:
+    _check_exports(cfg.get("exports"))
+    if cfg.backend == "molt":
         from molt_flashreinforce.launch.checks import check_config
 
-        check_config(cfg)
+        check_config(cfg)  # the algo node's settings first, then the Molt launch's
+    else:
+        try:
+            check_algo(cfg.algo)  # every algo.* setting: algo_settings.py
+        except SettingError as error:
+            raise LaunchError(str(error)) from None

@@ -1,6 +1,7 @@
 """The `local:` config node of the CPU backend, as typed, validated dataclasses.
 
     LocalConfig.from_node(cfg.local)   # OmegaConf node, dict, or None (-> a clear error)
+    check(cfg)                         # the whole composed config, as the CLI validates it
 
 Every field has a default (the `tiny` experiment's values live in conf/experiment/tiny.yaml).
 Unknown keys and out-of-range values raise `LocalConfigError`: one line with the full key
@@ -133,6 +134,21 @@ class LocalConfig:
                 "(conf/experiment/tiny.yaml sets it) or pass local.* overrides"
             )
         return _build(cls, _plain(node), "local")
+
+
+def check(cfg: Any) -> LocalConfig:
+    """`cfg.local`, and how it fits the `algo` node: raises `LocalConfigError` in one line."""
+    local = LocalConfig.from_node(cfg.get("local"))
+    if local.rollouts_per_step % cfg.algo.group_size:
+        raise LocalConfigError(
+            f"local.rollouts_per_step={local.rollouts_per_step} is not a multiple of algo.group_size="
+            f"{cfg.algo.group_size} (each prompt gets a whole group); set local.rollouts_per_step to a multiple of it")
+    bound = cfg.algo.get("max_policy_lag")
+    if bound is not None and local.policy_lag > bound:
+        raise LocalConfigError(
+            f"local.policy_lag={local.policy_lag} exceeds algo.max_policy_lag={bound}: every local batch is exactly "
+            f"local.policy_lag updates old; lower local.policy_lag to at most {bound} or raise algo.max_policy_lag")
+    return local
 
 
 def _plain(node: Any) -> Any:

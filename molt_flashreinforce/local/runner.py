@@ -9,7 +9,9 @@ Layout of `run_dir`:
 A fresh run measures the random-init policy, runs the supervised warm start (reported apart from
 RL; loaded instead when `local.warm_start.cache_dir` already holds it), evaluates at step 0, then
 performs `local.steps` updates with a progress bar, evaluating every `local.eval.every` updates
-and at the end, and prints a one-line summary.
+and at the end, and prints a one-line summary. SIGUSR2 (SLURM's `--signal` warning before the
+time limit) saves a checkpoint after the update under way and training goes on; a job that the
+limit ends then resumes from that update when rerun in the same run_dir.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import resource
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +47,26 @@ def _fingerprint(cfg: LocalConfig, algo: Any, seed: int) -> dict[str, Any]:
     local["warm_start"] = dataclasses.replace(cfg.warm_start, cache_dir=None)  # where it is kept, not what it is
     algo_plain = OmegaConf.to_container(algo, resolve=True) if OmegaConf.is_config(algo) else dict(algo)
     return {"local": repr(local), "algo": repr(sorted(algo_plain.items())), "seed": seed}
+
+
+class _TimeLimitNotice:
+    """Notes SIGUSR2 while training (only the main thread may handle signals; elsewhere it keeps its default)."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self._previous = None
+
+    def __enter__(self) -> "_TimeLimitNotice":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGUSR2, self._note)
+        return self
+
+    def _note(self, signum, frame) -> None:
+        self.pending = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGUSR2, self._previous)
 
 
 def _peak_rss_mib() -> float:
@@ -78,29 +102,33 @@ def run(cfg: Any, run_dir: str | Path) -> dict[str, Any]:
     rl_started = time.perf_counter()
     bar = tqdm(total=local.steps, initial=min(trainer.version, local.steps), unit="update",
                desc=f"{algo.name} lag={local.policy_lag}", disable=not local.progress_bar, dynamic_ncols=True)
-    while trainer.version < local.steps:
-        step_started = time.perf_counter()
-        logged = trainer.step()
-        # Sampling and the update only: evals and checkpoints are not training time.
-        logged[tags.STEP_TIME] = time.perf_counter() - step_started
-        version = trainer.version
-        for tag, value in logged.items():
-            writer.add_scalar(tag, value, version)
-        if version % local.eval.every == 0 or version == local.steps:
-            accuracy = trainer.evaluate()[tags.eval_pass1(source)]
-            writer.add_scalar(tags.eval_pass1(source), accuracy, version)
-            record["eval_history"].append((version, accuracy))
-        postfix = {"reward": f"{logged[tags.REWARD_MEAN]:.3f}", "eval_acc": f"{record['eval_history'][-1][1]:.3f}"}
-        if tags.ACCEPTANCE_RATE in logged:
-            postfix["accept"] = f"{logged[tags.ACCEPTANCE_RATE]:.2f}"
-        bar.set_postfix(postfix, refresh=False)
-        bar.update(1)
-        if version % local.checkpoint.every == 0 or version == local.steps:
-            writer.flush()
-            record["rl_wall_s"] += time.perf_counter() - rl_started
-            rl_started = time.perf_counter()
-            state = {"trainer": trainer.state_dict(), "record": record, "fingerprint": fingerprint}
-            checkpoint_path = save_checkpoint(run_dir / "checkpoints", version, state, local.checkpoint.keep_last)
+    with _TimeLimitNotice() as time_limit:
+        while trainer.version < local.steps:
+            step_started = time.perf_counter()
+            logged = trainer.step()
+            # Sampling and the update only: evals and checkpoints are not training time.
+            logged[tags.STEP_TIME] = time.perf_counter() - step_started
+            version = trainer.version
+            for tag, value in logged.items():
+                writer.add_scalar(tag, value, version)
+            if version % local.eval.every == 0 or version == local.steps:
+                accuracy = trainer.evaluate()[tags.eval_pass1(source)]
+                writer.add_scalar(tags.eval_pass1(source), accuracy, version)
+                record["eval_history"].append((version, accuracy))
+            postfix = {"reward": f"{logged[tags.REWARD_MEAN]:.3f}", "eval_acc": f"{record['eval_history'][-1][1]:.3f}"}
+            if tags.ACCEPTANCE_RATE in logged:
+                postfix["accept"] = f"{logged[tags.ACCEPTANCE_RATE]:.2f}"
+            bar.set_postfix(postfix, refresh=False)
+            bar.update(1)
+            if version % local.checkpoint.every == 0 or version == local.steps or time_limit.pending:
+                writer.flush()
+                record["rl_wall_s"] += time.perf_counter() - rl_started
+                rl_started = time.perf_counter()
+                state = {"trainer": trainer.state_dict(), "record": record, "fingerprint": fingerprint}
+                checkpoint_path = save_checkpoint(run_dir / "checkpoints", version, state, local.checkpoint.keep_last)
+                if time_limit.pending:
+                    time_limit.pending = False
+                    bar.write(f"time limit near (SIGUSR2): checkpoint at update {version}; rerun in {run_dir} to resume")
     bar.close()
     writer.close()
 

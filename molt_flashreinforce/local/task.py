@@ -5,8 +5,8 @@ has the same length; the answer is the sum's decimal digits without leading zero
 `<eos>` (for max_operand=99: 1 to 3 digits). The reward is 1 for an exact answer followed by
 `<eos>`, else 0. Copying any part of the prompt does not solve it.
 
-A fixed held-out set (`eval_problems`, drawn with its own seed) is never used for training:
-`sample_problems` draws only from the remaining problems.
+A fixed held-out set (`eval_problems`, drawn with its own seed: addition_split.py) is never used
+for training: `sample_problems` draws only from the remaining problems.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from molt_flashreinforce.addition_split import held_out_split, operands
 
 DIGITS = tuple(str(d) for d in range(10))
 PLUS, EQUALS, EOS, BOS, PAD = 10, 11, 12, 13, 14
@@ -36,10 +38,7 @@ class AdditionTask:
         self.max_operand = max_operand
         self.operand_width = len(str(max_operand))
         self.max_new_tokens = len(str(2 * max_operand)) + 1  # the longest answer plus <eos>
-        num_problems = (max_operand + 1) ** 2
-        order = torch.randperm(num_problems, generator=torch.Generator().manual_seed(eval_seed))
-        self._eval_index = order[:eval_size].sort().values
-        self._train_index = order[eval_size:]
+        self._eval_index, self._train_index = held_out_split(max_operand, eval_size, eval_seed)
 
     @property
     def prompt_length(self) -> int:
@@ -53,7 +52,7 @@ class AdditionTask:
         return self._problems(self._train_index[pick])
 
     def _problems(self, index: torch.Tensor) -> Problems:
-        a, b = index // (self.max_operand + 1), index % (self.max_operand + 1)
+        a, b = operands(index, self.max_operand)
         column = lambda token: torch.full_like(a, token)[:, None]  # noqa: E731
         prompt = torch.cat(
             [column(BOS), self._digits(a), column(PLUS), self._digits(b), column(EQUALS)], dim=1

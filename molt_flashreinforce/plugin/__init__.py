@@ -3,8 +3,10 @@
     register()                  idempotent; Molt registries + the PolicyTrainer patch, this process
     build_policy_loss(algo)     the Molt loss module for a Hydra `algo` node (local backend)
     policy_loss_from_args(args) the loss a Molt PolicyModelActor builds from parsed Molt args
-    SETUP_HOOK                  Ray worker_process_setup_hook that calls register() in every worker
+    SETUP_HOOK                  Ray worker_process_setup_hook: in every worker, checks Molt, calls
+                                register() and installs the runtime hooks (plugin/ray_hooks.py)
 
+Molt's internals are touched only by `seams` (the tested contract, the wrappers, the hooks).
 Everything that imports Molt is imported lazily, so `molt_flashreinforce.plugin.cli_flags` and the
 hooks' names are usable where Molt's heavy imports are not wanted.
 """

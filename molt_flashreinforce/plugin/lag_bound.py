@@ -7,7 +7,7 @@ partial rollout, where a rollout keeps generating across refits, it is the versi
 token or an older one; its lag is the global step that trains it minus that version. No
 trajectory more than N updates old reaches the loss.
 
-How, in Molt 0.2.1's async runtime (patched in every worker by `install()`, like the probe):
+How, in Molt 0.2.1's async runtime (`HOOKS`, at Molt's seams in every worker, plugin/seams.py):
 
 * A version board: a small named Ray actor per job (`PolicyVersionBoard`). `TrainingActor.fit`
   posts its starting step and, after each `train_step` (update and refit), the version now live.
@@ -39,19 +39,17 @@ with a bound.
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 
 from molt_flashreinforce import metrics
-from molt_flashreinforce.plugin.patching import patch_once
 from molt_flashreinforce.plugin.policy_lag import VERSION_ATTRIBUTE, max_policy_lag
+from molt_flashreinforce.plugin.seams import RuntimeHooks
 
 BOARD_NAME = "molt_flashreinforce_policy_versions"
 DROP_REASON = "policy_lag"
-DROPPED_KEY = metrics.POLICY_LAG_DROPPED.removeprefix("train/")
+DROPPED_KEY = metrics.step_key(metrics.POLICY_LAG_DROPPED)
 _GATE_ATTRIBUTE = "_policy_lag_gate"
 _BOARD_ATTRIBUTE = "_policy_version_board"
-_INSTALLED_MARK = "_molt_flashreinforce_lag_bound"
 
 
 def carried_batches(args) -> int:
@@ -190,43 +188,43 @@ def attach_gate(generator, args, version_board) -> LagGate | None:
     return gate
 
 
-def _patch_generator(generator_class) -> None:
-    generate_samples = generator_class.generate_samples
-    dispatch = generator_class._dispatch_to_agent_runners
-    filter_group = generator_class._filter_group
+class LagBound(RuntimeHooks):
+    """The bound's part at Molt's seams (plugin/seams.py); inert unless --flashreinforce.max_policy_lag."""
 
-    @functools.wraps(generate_samples)
-    def generate_bounded(self, *args, **kwargs):
-        gate = _gate(self)
+    def generator_actor_built(self, actor) -> None:
+        if max_policy_lag(actor.args) is not None:
+            gate = attach_gate(actor.samples_generator, actor.args, board())
+            actor.rollout_slots = HeldBackSlots(actor.rollout_slots, gate)
+
+    def batch_starting(self, generator) -> None:
+        gate = _gate(generator)
+        if gate is not None:
+            if gate.next_step is None:
+                gate.next_step = gate.live_version()
+            gate.collecting, gate.dropped = True, 0
+
+    def batch_ended(self, generator, samples, rollout_metrics) -> None:
+        gate = _gate(generator)
         if gate is None:
-            return generate_samples(self, *args, **kwargs)
-        if gate.next_step is None:
-            gate.next_step = gate.live_version()
-        gate.collecting, gate.dropped = True, 0
-        try:
-            samples, rollout_metrics, prompts, exhausted = generate_samples(self, *args, **kwargs)
-        finally:
-            gate.collecting = False
-        rollout_metrics[DROPPED_KEY] = float(gate.dropped)
-        if samples:  # Molt enqueues only non-empty batches, and trains each with one step
-            gate.next_step += 1
-        return samples, rollout_metrics, prompts, exhausted
+            return
+        gate.collecting = False
+        if rollout_metrics is not None:
+            rollout_metrics[DROPPED_KEY] = float(gate.dropped)
+            if samples:  # Molt enqueues only non-empty batches, and trains each with one step
+                gate.next_step += 1
 
-    @functools.wraps(dispatch)
-    def dispatch_with_version(self, *args, **kwargs):
-        refs = dispatch(self, *args, **kwargs)
-        gate = _gate(self)
+    def dispatched(self, generator, refs, prompts) -> None:
+        gate = _gate(generator)
         if gate is not None and gate.collecting:
             gate.dispatched(refs, gate.live_version())
-        return refs
 
-    @functools.wraps(filter_group)
-    def filter_stale(self, finished_rollout, dynamic_filtering, drop_counts, *args, **kwargs):
-        gate = _gate(self)
-        if gate is not None and gate.collecting:
-            finished_rollout = gate.oldest_finished(self._inflight_rollouts, finished_rollout)
-        samples = filter_group(self, finished_rollout, dynamic_filtering, drop_counts, *args, **kwargs)
-        version = None if gate is None else gate.collected(finished_rollout)
+    def choosing(self, generator, finished, pool):
+        gate = _gate(generator)
+        return gate.oldest_finished(pool, finished) if gate is not None and gate.collecting else finished
+
+    def collected(self, generator, finished, samples, drop_counts):
+        gate = _gate(generator)
+        version = None if gate is None else gate.collected(finished)
         if version is None:
             return samples
         if samples and is_stale(version, gate.next_step, gate.bound):
@@ -237,62 +235,19 @@ def _patch_generator(generator_class) -> None:
             setattr(sample, VERSION_ATTRIBUTE, version)
         return samples
 
-    generator_class.generate_samples = generate_bounded
-    generator_class._dispatch_to_agent_runners = dispatch_with_version
-    generator_class._filter_group = filter_stale
-
-
-def _patch_generator_actor(actor_class) -> None:
-    init = actor_class.__init__
-
-    @functools.wraps(init)
-    def init_with_gate(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        if max_policy_lag(self.args) is not None:
-            gate = attach_gate(self.samples_generator, self.args, board())
-            self.rollout_slots = HeldBackSlots(self.rollout_slots, gate)
-
-    actor_class.__init__ = init_with_gate
-
-
-def _patch_trainer(trainer_class) -> None:
-    fit = trainer_class.fit
-    train_step = trainer_class.train_step
-
-    @functools.wraps(fit)
-    def fit_posting_versions(self, global_step: int = 0, *args, **kwargs):
-        if max_policy_lag(self.args) is not None:
+    def training_starting(self, trainer, global_step) -> None:
+        if max_policy_lag(trainer.args) is not None:
             import ray
 
-            version_board = self.__dict__.setdefault(_BOARD_ATTRIBUTE, board())
+            version_board = trainer.__dict__.setdefault(_BOARD_ATTRIBUTE, board())
             ray.get(version_board.start.remote(global_step))
-        return fit(self, global_step, *args, **kwargs)
 
-    @functools.wraps(train_step)
-    def train_step_posting_version(self, rollout_samples, global_step):
-        status, next_step = train_step(self, rollout_samples, global_step)
-        version_board = self.__dict__.get(_BOARD_ATTRIBUTE)
+    def train_step_ended(self, trainer, samples, global_step, status, next_step) -> None:
+        version_board = trainer.__dict__.get(_BOARD_ATTRIBUTE)
         if version_board is not None:
             import ray
 
             ray.get(version_board.went_live.remote(next_step))
-        return status, next_step
-
-    trainer_class.fit = fit_posting_versions
-    trainer_class.train_step = train_step_posting_version
 
 
-def install() -> None:
-    """Patch Molt's generator, generator actor and trainer classes in this process (idempotent).
-
-    The actors' classes are the ones `@ray.remote` captured when Molt's module was imported (see
-    the probe's docstring for why patching the plain classes would not reach the actors)."""
-    from molt.trainer import rl_trainer
-    from molt.trainer.rollout.samples_generator import SamplesGenerator
-
-    targets = [
-        (SamplesGenerator, _patch_generator),
-        (rl_trainer.GenerateSamplesActor.__ray_metadata__.modified_class, _patch_generator_actor),
-        (rl_trainer.TrainingActor.__ray_metadata__.modified_class, _patch_trainer),
-    ]
-    patch_once(targets, _INSTALLED_MARK)
+HOOKS = LagBound()

@@ -28,7 +28,9 @@ import torch
 from molt.models.loss import PolicyLoss
 from molt.models.utils import masked_mean
 
+from molt_flashreinforce import metrics
 from molt_flashreinforce.objective import FlashReinforceConfig, flashreinforce_policy_loss
+from molt_flashreinforce.plugin.cli_flags import recipe_loss_kwargs
 
 LOSS_NAME = "flashreinforce"
 
@@ -138,32 +140,15 @@ class FlashReinforcePolicyLoss(PolicyLoss):
             return
         info = self.bound_experience.info
         # Per-sample vectors: Molt logs each numeric info key as train/<key>, sample-weighted.
-        info["flashreinforce/acceptance_rate"] = stats.admitted.float()
-        info["flashreinforce/sequence_kl_mean"] = stats.sequence_kl.float()
-        info["flashreinforce/retained_token_fraction"] = (stats.retained_tokens / stats.policy_tokens).float()
+        info[metrics.step_key(metrics.ACCEPTANCE_RATE)] = stats.admitted.float()
+        info[metrics.step_key(metrics.SEQUENCE_KL_MEAN)] = stats.sequence_kl.float()
+        info[metrics.step_key(metrics.RETAINED_TOKEN_FRACTION)] = (stats.retained_tokens / stats.policy_tokens).float()
 
 
 def _row_values(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Molt broadcasts each row's scalar advantage over its policy tokens; read it back exactly."""
     first_policy_token = mask.int().argmax(dim=-1, keepdim=True)
     return advantages.gather(-1, first_policy_token).squeeze(-1)
-
-
-def _molt_loss_kwargs(args: SimpleNamespace) -> dict:
-    """The keyword arguments Molt's `PolicyTrainer.__init__` passes to `PolicyLoss`."""
-    advantage = args.algo.advantage
-    return dict(
-        clip_eps_low=args.actor.eps_clip_low_high[0],
-        clip_eps_high=args.actor.eps_clip_low_high[1],
-        dual_clip=args.actor.dual_clip,
-        loss_mode=args.actor.loss_mode,
-        is_correction_level=advantage.is_correction_level,
-        is_correction_mode=advantage.is_correction_mode,
-        is_correction_threshold=advantage.is_correction_threshold if advantage.is_correction_level != "off" else None,
-        loss_agg_mode=args.actor.loss_agg_mode,
-        is_correction_gating=advantage.is_correction_gating,
-        score_centering=advantage.score_centering_top_k > 0,
-    )
 
 
 def config_from_args(args: SimpleNamespace) -> FlashReinforceConfig:
@@ -178,7 +163,9 @@ def config_from_args(args: SimpleNamespace) -> FlashReinforceConfig:
 def policy_loss_from_args(args: SimpleNamespace) -> PolicyLoss:
     """Exactly the loss module a Molt `PolicyModelActor` builds from these (validated) arguments.
     Constructing it in the driver surfaces the checks Molt's CLI skips before any GPU starts."""
-    kwargs = _molt_loss_kwargs(args)
+    from molt_flashreinforce.plugin.seams import policy_loss_kwargs
+
+    kwargs = policy_loss_kwargs(args)
     if args.actor.loss_mode == LOSS_NAME:
         return FlashReinforcePolicyLoss(config_from_args(args), **kwargs)
     return PolicyLoss(**kwargs)
@@ -191,14 +178,7 @@ def build_policy_loss(algo: Any) -> PolicyLoss:
     name = algo.get("name") if hasattr(algo, "get") else algo.name
     if name == LOSS_NAME:
         config = FlashReinforceConfig.from_algo(algo)
-        return FlashReinforcePolicyLoss(
-            config,
-            is_correction_level="seq",
-            is_correction_gating="binary_kl",
-            is_correction_mode="mask",
-            is_correction_threshold=[float("-inf"), config.delta],
-            loss_agg_mode="seq-mean-token-mean",
-        )
+        return FlashReinforcePolicyLoss(config, **recipe_loss_kwargs(config.delta))
     if name == "grpo":
         clip = float(algo.get("clip_eps", 0.2) if hasattr(algo, "get") else algo.clip_eps)
         return PolicyLoss(clip_eps_low=clip, clip_eps_high=clip, loss_mode="ppo", loss_agg_mode="token-mean")

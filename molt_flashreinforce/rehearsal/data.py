@@ -4,7 +4,9 @@
     prepare_rehearsal_data(experiment, out_dir, train_rows) -> (data_dir, env)
 
 Math sources are generated problems with one-digit answers, written as DAPO-Math-17k records (the math, tool
-and MoE recipes read them as `dapo` and as each eval benchmark) and as Sanity-Test records (R1).
+and MoE recipes read them as `dapo`), as each eval benchmark's records (problems of their own per benchmark:
+Molt tells an eval row's benchmark by its prompt text) and as Sanity-Test records (R1), whose test split
+carries the real `data_source` values, so that every eval tag has its benchmark's real name.
 ALFWorld's source is a folder of locally written real TextWorld games (`alfworld_games`);
 `env` then holds the ALFWORLD_DATA the agent needs on every worker.
 """
@@ -17,7 +19,7 @@ import json
 from pathlib import Path
 
 from molt_flashreinforce.data.cli import prepare
-from molt_flashreinforce.data.recipes import RECIPES
+from molt_flashreinforce.data.recipes import RECIPES, SANITY_TEST_BENCHMARKS
 from molt_flashreinforce.rehearsal.alfworld_games import rehearsal_games, write_games
 
 EVAL_ROWS = 2
@@ -48,25 +50,30 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 def _math_sources(root: Path, train_rows: int) -> dict[str, str]:
-    problems = _problems(train_rows)
+    benchmarks = [part.source for part in RECIPES["math_qwen2p5_1p5b"] if part.output == "eval"]
+    test_names = [value for value, _ in SANITY_TEST_BENCHMARKS]
+    problems = _problems(max(train_rows, EVAL_ROWS * max(len(benchmarks), len(test_names))))
     dapo = root / "dapo.jsonl"
     _write_jsonl(dapo, [
         {"data_source": "math_dapo", "prompt": [{"role": "user", "content": _DAPO_PROMPT.format(problem=p)}],
          "ability": "MATH", "reward_model": {"ground_truth": a, "style": "rule-lean"}}
-        for p, a in problems
+        for p, a in problems[:train_rows]
     ])
-    benchmark = root / "benchmark.jsonl"
-    _write_jsonl(benchmark, [{"problem": p, "answer": a} for p, a in problems[:EVAL_ROWS]])
-    sanity = [
-        {"prompt": [{"role": "user", "content": p + _SANITY_SUFFIX}],
-         "reward_model": {"ground_truth": a}, "data_source": "math"}
-        for p, a in problems
-    ]
+    sources = {"dapo": str(dapo)}
+    for index, name in enumerate(benchmarks):
+        path = root / f"{name}.jsonl"
+        _write_jsonl(path, [{"problem": p, "answer": a} for p, a in problems[index * EVAL_ROWS:(index + 1) * EVAL_ROWS]])
+        sources[name] = str(path)
+
+    def sanity(pairs, data_source):
+        return [{"data_source": data_source, "prompt": [{"role": "user", "content": p + _SANITY_SUFFIX}],
+                 "reward_model": {"ground_truth": a}} for p, a in pairs]
+
     sanity_train, sanity_test = root / "sanity_train.jsonl", root / "sanity_test.jsonl"
-    _write_jsonl(sanity_train, sanity)
-    _write_jsonl(sanity_test, sanity[:EVAL_ROWS])
-    return {"dapo": str(dapo), "sanity_train": str(sanity_train), "sanity_test": str(sanity_test),
-            **{name: str(benchmark) for name in ("math500", "amc23", "minerva", "aime25", "olympiadbench")}}
+    _write_jsonl(sanity_train, sanity(problems[:train_rows], "math"))
+    _write_jsonl(sanity_test, [row for index, name in enumerate(test_names)
+                               for row in sanity(problems[index * EVAL_ROWS:(index + 1) * EVAL_ROWS], name)])
+    return {**sources, "sanity_train": str(sanity_train), "sanity_test": str(sanity_test)}
 
 
 def prepare_rehearsal_data(experiment: str, out_dir: Path, train_rows: int) -> tuple[Path, dict[str, str]]:

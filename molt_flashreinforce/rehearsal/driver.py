@@ -2,8 +2,9 @@
 (`launch.molt_main`) with the rehearsal's stand-ins, on this machine's CPU.
 
 The driver process gets the stand-ins first (`standins.install_driver`: vLLM's engine actor
-becomes the CPU engine); every Ray worker gets them through the rehearsal's setup hook, which
-then runs the plugin's own. Ray starts with logical GPUs (`MOLT_FLASHREINFORCE_REHEARSAL_GPUS`),
+becomes the CPU engine) and, with rehearsal.float32 (`standins.FLOAT32_VARIABLE`), Molt's
+parsed flags get float32 arithmetic (`standins.float32_arithmetic`); every Ray worker gets the
+stand-ins through the rehearsal's setup hook, which then runs the plugin's own. Ray starts with logical GPUs (`MOLT_FLASHREINFORCE_REHEARSAL_GPUS`),
 so Molt's GPU bundles, `num_gpus=1` actors and its over-subscription check all run unchanged.
 On a multi-node allocation (RAY_ADDRESS set by `cluster.ray_nodes`) each node's `ray start` has
 declared those logical resources (`rehearsal.run.REHEARSAL_NODE`), and the driver only connects.
@@ -16,7 +17,8 @@ import os
 
 from molt_flashreinforce.rehearsal.engine import DECODE_DELAY_VARIABLE
 from molt_flashreinforce.rehearsal.run import LOGICAL_GPUS_VARIABLE, RAY_CPUS
-from molt_flashreinforce.rehearsal.standins import ENVIRONMENT, LOOPBACK, SETUP_HOOK, install_driver
+from molt_flashreinforce.rehearsal.standins import (ENVIRONMENT, FLOAT32_VARIABLE, LOOPBACK, SETUP_HOOK,
+                                                    float32_arithmetic, install_driver)
 
 def main() -> None:
     from molt_flashreinforce.launch import molt_main
@@ -28,7 +30,8 @@ def main() -> None:
     if "RAY_ADDRESS" not in os.environ:  # one node: this process starts Ray with the logical resources
         options.update(num_cpus=RAY_CPUS, num_gpus=int(os.environ[LOGICAL_GPUS_VARIABLE]), include_dashboard=False,
                        _node_ip_address=LOOPBACK)
-    molt_main.main(setup_hook=SETUP_HOOK, ray_options=options)
+    adjust_args = float32_arithmetic if os.environ.get(FLOAT32_VARIABLE) == "1" else None
+    molt_main.main(setup_hook=SETUP_HOOK, ray_options=options, adjust_args=adjust_args)
 
 
 if __name__ == "__main__":

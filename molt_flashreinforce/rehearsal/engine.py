@@ -189,7 +189,9 @@ class CpuRolloutEngine:
         for _ in range(sampling.max_tokens):
             await self._resumed.wait()  # paused between tokens during a refit
             with torch.no_grad():
-                out = self.model(input_ids=next_input, past_key_values=cache, use_cache=True)
+                # Only the last position's logits: the prompt's would cost a vocabulary-wide
+                # matmul per prompt token and be thrown away.
+                out = self.model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache = out.past_key_values
             logits = out.logits[0, -1]
             if len(tokens) < sampling.min_tokens:  # as vLLM: EOS is masked out, so it is never drawn

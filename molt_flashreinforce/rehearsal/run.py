@@ -9,7 +9,7 @@ generates in the experiment's own format, one policy actor and one engine on log
 sdpa attention without packing, small batches and short generations, `rehearsal.steps`
 optimizer steps, a checkpoint at the end), then goes through the same `prepare_molt_job` path
 as a GPU launch (checks, rendering, Molt's parser and validation, run records) and runs Molt's
-`train(args)` in a child process (`rehearsal.driver`) with the stand-ins of `standins.STANDINS`.
+`train(args)` in a child process (`rehearsal.driver`) with the stand-ins of `standins.standins`.
 The experiment's agent file, reward and async queue structure are kept; in-flight rollouts
 scale with the batch, so the queue's lag structure survives the shrink.
 
@@ -82,7 +82,10 @@ class Summary:
     ray_nodes: int | None = None  # Ray nodes that hosted the run's actors
     actors_by_node: dict[str, dict[str, int]] = field(default_factory=dict)
     phases_s: dict[str, float] = field(default_factory=dict)
-    restarts: int = 0  # attempts the supervisor restarted after a crash or a stall (cluster.supervisor)
+    # Every attempt of the launch, its requeued SLURM runs included (cluster.supervisor.History):
+    restarts: int = 0  # attempts that followed a crash or a stall
+    requeues: int = 0  # attempts that followed SLURM's request to stop
+    attempts_resumed_from: list[int] = field(default_factory=list)  # the step each attempt resumed from
 
     def lines(self) -> list[str]:
         def fmt(value, digits=3):
@@ -92,7 +95,9 @@ class Summary:
         out = [
             f"rehearsal {self.experiment} algo={self.algo}: {self.steps} optimizer steps"
             + (f" (resumed at step {self.resumed_from_step})" if self.resumed_from_step else "")
-            + (f"; {self.restarts} restart(s), attempts in launch/attempts.json" if self.restarts else ""),
+            + (f"; {self.restarts} restart(s), {self.requeues} requeue(s), attempts resumed from steps "
+               f"{', '.join(map(str, self.attempts_resumed_from))} (launch/attempts.json)"
+               if self.restarts or self.requeues else ""),
             f"  rollouts consumed {fmt(self.rollouts_consumed)}; policy lag mean {fmt(self.policy_lag_mean)} "
             f"max {fmt(self.policy_lag_max)}; trajectories spanning a refit {fmt(self.versions_mixed_fraction)}",
             f"  acceptance rate {fmt(self.acceptance_rate)}; reward mean {fmt(self.reward_mean)}; "
@@ -113,7 +118,7 @@ REAL_PARTS = [
     "AgentRunnerActor + StepEnvRunner over HTTP through the Rust vllm-router",
     "PolicyModelActor with FSDP2 (nemo_automodel) and Molt's checkpointing",
     "the experiment's agent file and reward",
-    "this plugin's estimator, loss and policy-lag probe",
+    "this plugin's estimator, loss and runtime patches (lag probe and bound, carry-over, progress)",
 ]
 
 
@@ -203,7 +208,10 @@ def rehearsal_overrides(cfg: DictConfig, model_dir: Path, data_dir: Path, total_
         "molt.train.num_episodes": 1,
         "molt.train.check_weight_update_equal": True,
         "molt.eval.n_samples_per_prompt": 1,
+        "molt.eval.eval_at_start": bool(rehearsal.eval_at_start),
         "molt.ckpt.save_steps": int(rehearsal.save_steps or rehearsal.steps),
+        "exports.steps": [int(step) for step in rehearsal.export_steps],
+        "exports.every": None,
         "resilience.stall_timeout_s": float(rehearsal.stall_timeout_s),
         "resilience.startup_timeout_s": float(rehearsal.startup_timeout_s),
         "resilience.checkpoint_wait_s": float(rehearsal.checkpoint_wait_s),
@@ -222,17 +230,18 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phases: dict[str, float],
-              restarts: int = 0) -> Summary:
-    """The rehearsal's summary from its TensorBoard scalars (steps after `resumed_from`) and the
-    part of Molt's output (`log`) this rehearsal wrote."""
+def summarize(cfg: DictConfig, run_dir: Path, history, log: str, phases: dict[str, float]) -> Summary:
+    """The rehearsal's summary from its TensorBoard scalars (the steps after its launch's first
+    attempt resumed), the part of Molt's output (`log`) this rehearsal wrote, and the launch's
+    attempts (`cluster.supervisor.History`)."""
     from molt_flashreinforce.cluster import actor_map
     from molt_flashreinforce.launch.job import ACTOR_MAP_NAME
     from molt_flashreinforce.rehearsal import gpu
-    from molt_flashreinforce.rehearsal.standins import STANDINS
+    from molt_flashreinforce.rehearsal.standins import standins
     from molt_flashreinforce.report.events import read_scalars
 
     scalars = read_scalars(run_dir / "tensorboard")
+    resumed_from = history.resumed_from_step
 
     def since_resume(tag: str) -> list[float]:
         return [value for step, value in scalars.get(tag, ()) if step > resumed_from]
@@ -252,12 +261,14 @@ def summarize(cfg: DictConfig, run_dir: Path, resumed_from: int, log: str, phase
         vllm_kl_first_step=kl[0] if kl else None,
         weight_checks=[match.group(1).strip() for match in _WEIGHT_CHECK.finditer(log)],
         resumed_from_step=resumed_from,
-        standins={} if cfg.rehearsal.mode == "gpu" else dict(STANDINS),
+        standins={} if cfg.rehearsal.mode == "gpu" else standins(bool(cfg.rehearsal.float32)),
         real=list(REAL_PARTS) + (gpu.REAL_PARTS if cfg.rehearsal.mode == "gpu" else []),
         ray_nodes=len(placed) if placed else None,
         actors_by_node=placed or {},
         phases_s=phases,
-        restarts=restarts,
+        restarts=history.restarts,
+        requeues=history.requeues,
+        attempts_resumed_from=list(history.resumed_from),
     )
 
 
@@ -283,9 +294,12 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _prepare_standin_launch(job, spread: Layout) -> str:
-    """rehearsal=cpu: the stand-ins' environment (logical GPUs, the vLLM stand-in); the driver module."""
-    job.command.env.update(_child_env({LOGICAL_GPUS_VARIABLE: str(spread.gpus_per_node)}))
+def _prepare_standin_launch(job, spread: Layout, float32: bool) -> str:
+    """rehearsal=cpu: the stand-ins' environment (logical GPUs, the vLLM stand-in, float32); the driver module."""
+    from molt_flashreinforce.rehearsal.standins import FLOAT32_VARIABLE
+
+    job.command.env.update(_child_env({LOGICAL_GPUS_VARIABLE: str(spread.gpus_per_node),
+                                       FLOAT32_VARIABLE: "1" if float32 else "0"}))
     return DRIVER_MODULE
 
 
@@ -356,18 +370,18 @@ def _rehearse(cfg: DictConfig, run_dir: Path, allocation: Allocation | None, spr
     if cfg.dry_run:
         print("dry_run=true: the rehearsal's model, data and Molt command are ready; not starting Ray.")
         return None
-    module = gpu.prepare_launch(job) if on_gpus else _prepare_standin_launch(job, spread)
+    module = gpu.prepare_launch(job) if on_gpus else _prepare_standin_launch(job, spread, bool(cfg.rehearsal.float32))
     print(f"rehearsal: Molt command in {run_dir / 'launch' / 'molt_command.sh'}; log {run_dir / 'molt.log'}", flush=True)
     log_path = run_dir / LOG_NAME
     log_start = log_path.stat().st_size if log_path.is_file() else 0  # a resumed run appends to it
     started = time.monotonic()
-    restarts = run_supervised(job, rehearsed, allocation, REHEARSAL_NODE, module=module)
+    history = run_supervised(job, rehearsed, allocation, REHEARSAL_NODE, module=module)
     phases["Molt (Ray start-up, actors, training, checkpoint)"] = time.monotonic() - started
     steps_file.write_text(json.dumps({"steps": total}))
 
     with log_path.open("rb") as log:
         log.seek(log_start)
         this_run = log.read().decode("utf-8", errors="replace")
-    summary = summarize(rehearsed, run_dir, done, this_run, phases, restarts)
+    summary = summarize(rehearsed, run_dir, history, this_run, phases)
     (work / SUMMARY_NAME).write_text(json.dumps(asdict(summary), indent=1))
     return summary

@@ -1,10 +1,10 @@
 """The rehearsal's stand-ins for what a CPU cannot run, installed only in rehearsal processes.
 
 `install_worker()` is the rehearsal's Ray `worker_process_setup_hook` (`SETUP_HOOK`): it applies
-the stand-ins below in every Ray worker, then runs the plugin's own `setup_worker` (registration
-and the policy-lag probe), so the plugin is active exactly as on a GPU. `install_driver()`
-applies them in the driver and replaces vLLM's engine actor. `STANDINS` is what the rehearsal
-summary lists. Everything else of Molt's runtime runs unmodified.
+the stand-ins below in every Ray worker, then runs the plugin's own `setup_worker` (registration,
+the runtime patches, signal handling), so the plugin is active exactly as on a GPU. `install_driver()`
+applies them in the driver and replaces vLLM's engine actor. `standins(float32)` is what the
+rehearsal summary lists. Everything else of Molt's runtime runs unmodified.
 """
 
 from __future__ import annotations
@@ -23,6 +23,15 @@ STANDINS = {
     "node address": "Ray's node IP -> 127.0.0.1, so every server Molt starts listens on the loopback",
     "MoE token dispatcher": "HybridEP (GPU kernels) -> NeMo AutoModel's torch dispatcher, via Molt's MOLT_MOE_DISPATCHER",
 }
+# rehearsal.float32 (on unless the experiment says otherwise): the driver edits Molt's parsed flags.
+FLOAT32_VARIABLE = "MOLT_FLASHREINFORCE_REHEARSAL_FLOAT32"
+FLOAT32_STANDIN = ("bf16 arithmetic", "--fsdp.param_dtype bf16 and --vllm.dtype bfloat16 -> float32 (a CPU without "
+                   "bf16 units runs bf16 matmuls several times slower: benchmarks/bench_cpu_dtype.py)")
+
+
+def standins(float32: bool) -> dict[str, str]:
+    """What a CPU rehearsal stands in for, as its summary lists it."""
+    return {**STANDINS, **dict([FLOAT32_STANDIN] if float32 else [])}
 # Environment of every rehearsal process: Molt's own knob for the MoE dispatcher.
 ENVIRONMENT = {"MOLT_MOE_DISPATCHER": "torch"}
 
@@ -123,6 +132,14 @@ def install_worker() -> None:
 
     _install_common()
     setup_worker()
+
+
+def float32_arithmetic(args) -> None:
+    """Molt's parsed flags with float32 weights in the trainer and the engine. Molt's parser offers
+    only bf16 and fp16, while its dtype conversion (molt.utils.utils) takes fp32, so this edits the
+    parsed flags before `train(args)` ships them to the actors."""
+    args.fsdp.param_dtype = "fp32"
+    args.vllm.dtype = "float32"
 
 
 def install_driver() -> None:

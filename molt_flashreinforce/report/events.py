@@ -3,8 +3,9 @@
 Contract: `read_scalars(run_dir)` finds every directory below `run_dir` that holds event files
 (`<run_dir>/tensorboard/` for the local backend, `<run_dir>/tensorboard/<run_name>/` for Molt),
 loads all their scalars and returns `{tag: ((step, value), ...)}` sorted by step. When one
-step of one tag was written more than once (a resumed run), the latest write wins.
-Raises `NoEventFilesError` when there are none.
+step of one tag was written more than once (a resumed run), the latest write wins. An eval
+directory below the run (its own `eval.json`, eval_record.py) is a run of its own: its events are
+not the run's. Raises `NoEventFilesError` when there are none.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tensorboard.backend.event_processing import event_accumulator
+
+from molt_flashreinforce.eval_record import RECORD_NAME
 
 EVENT_FILE_GLOB = "events.out.tfevents.*"
 
@@ -22,8 +25,15 @@ class NoEventFilesError(FileNotFoundError):
     """A run directory without TensorBoard event files."""
 
 
+def _in_nested_eval(directory: Path, run_dir: Path) -> bool:
+    """Whether `directory` lies in an eval directory below `run_dir` (run_dir itself may be one)."""
+    relative = directory.relative_to(run_dir)
+    return any((run_dir / part / RECORD_NAME).is_file() for part in (relative, *relative.parents) if part != Path("."))
+
+
 def event_dirs(run_dir: Path) -> list[Path]:
-    return sorted({path.parent for path in run_dir.rglob(EVENT_FILE_GLOB) if path.is_file()})
+    found = {path.parent for path in run_dir.rglob(EVENT_FILE_GLOB) if path.is_file()}
+    return sorted(directory for directory in found if not _in_nested_eval(directory, run_dir))
 
 
 def read_scalars(run_dir: str | Path) -> dict[str, Series]:

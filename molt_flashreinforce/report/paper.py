@@ -1,9 +1,12 @@
 """The paper's reported numbers: load and validate `paper_results.yaml`.
 
 Contract: `load_paper_results(path=None)` returns a `PaperResults` whose every experiment,
-metric, table row, arm and reported number has been checked (types, cross references,
-source tags, metric tag names from `molt_flashreinforce.metrics`). Any malformed entry raises
-`PaperResultsError` naming the file, the entry's location and how to fix it. Nothing here
+metric, table row, layout, arm and reported number has been checked (types, cross references,
+source tags, metric tag names from `molt_flashreinforce.metrics`). Eval datasources are the data
+recipe's (`data.recipes.eval_datasources`): an experiment's `datasets` are read from its recipe,
+`eval_pass1: all` means all of them, and a name the recipe does not write is refused, so the
+report can never look for a tag the data command's rows do not produce. Any malformed entry
+raises `PaperResultsError` naming the file, the entry's location and how to fix it. Nothing here
 reads runs; see `protocol.py` for how a run is measured against these definitions.
 """
 
@@ -17,12 +20,16 @@ from typing import Any
 import yaml
 
 from molt_flashreinforce import metrics as metric_names
+from molt_flashreinforce.data.recipes import RECIPES, eval_datasources
+from molt_flashreinforce.eval_record import GRADERS
 
 DEFAULT_PATH = Path(__file__).with_name("paper_results.yaml")
 SCHEMA_VERSION = 1
 SOURCE_KINDS = ("primary", "secondary")
 SELECTORS = ("step", "rollouts", "peak", "mean")
 PLOT_AXES = ("step", "rollouts")
+ALL_DATASOURCES = "all"
+RECIPES_MODULE = "molt_flashreinforce/data/recipes.py"
 
 
 class PaperResultsError(ValueError):
@@ -53,6 +60,8 @@ class Metric:
     scale: float
     decimals: int
     alternatives: tuple[TagSet, ...]  # the first one whose tags a run has is used
+    column: str = ""  # the short heading of the paper-layout table
+    datasources: tuple[str, ...] = ()  # an eval metric's datasources (mean of their eval_pass1)
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,15 @@ class At:
         if self.selector == "peak":
             return "best eval" if math.isinf(self.bound) else f"best eval to step {bound}"
         return "run mean" if math.isinf(self.bound) else f"mean to step {bound}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The paper's table: `columns` (metric ids) at each of `points`; `target`: a row id or None."""
+
+    columns: tuple[str, ...]
+    points: tuple[At, ...]
+    target: str | None
 
 
 @dataclass(frozen=True)
@@ -119,6 +137,8 @@ class Experiment:
     plot_x: str
     plot_metrics: tuple[str, ...]
     reported: tuple[Reported, ...]
+    datasets: tuple[str, ...] = ()  # the data recipe's eval datasources
+    layout: Layout | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +162,8 @@ class PaperResults:
 def load_paper_results(path: str | Path | None = None) -> PaperResults:
     path = Path(path) if path is not None else DEFAULT_PATH
     try:
-        raw = yaml.safe_load(path.read_text())
+        # libyaml's loader when PyYAML has it: the same YAML 1.1 rules, ten times faster than the pure-Python one.
+        raw = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except FileNotFoundError:
         raise PaperResultsError(f"paper results file {path} does not exist") from None
     except yaml.YAMLError as err:
@@ -226,20 +247,27 @@ class _Parser:
     def experiment(self, name: str, raw: Any, sources: dict[str, Source]) -> Experiment:
         where = f"experiments.{name}"
         body = self.mapping(
-            raw, where, ("title", "model", "protocol", "arms", "default_arm", "metrics", "rows", "plot", "reported")
+            raw, where, ("title", "model", "protocol", "arms", "default_arm", "metrics", "rows", "plot", "reported"),
+            ("layout",)
         )
         protocol = self.mapping(body["protocol"], f"{where}.protocol", ("summary",), (
-            "datasets", "avg_at_k", "temperature", "top_p", "eval_every", "horizon_steps", "batch", "max_turns"))
+            "avg_at_k", "temperature", "top_p", "max_tokens", "grader", "grader_note", "eval_every", "horizon_steps",
+            "batch", "max_turns"))
         self.text(protocol["summary"], f"{where}.protocol.summary")
-        avg_at_k = protocol.get("avg_at_k")
-        if avg_at_k is not None and (not isinstance(avg_at_k, int) or avg_at_k < 1):
-            raise self.fail(f"{where}.protocol.avg_at_k", f"expected a positive integer or null, got {avg_at_k!r}")
+        for key in ("avg_at_k", "max_tokens"):
+            count = protocol.get(key)
+            if count is not None and (not isinstance(count, int) or count < 1):
+                raise self.fail(f"{where}.protocol.{key}", f"expected a positive integer or null, got {count!r}")
+        if protocol.get("grader") is not None and protocol["grader"] not in GRADERS:
+            raise self.fail(f"{where}.protocol.grader",
+                            f"{protocol['grader']!r} is not a grader of eval_record.GRADERS: {', '.join(GRADERS)}")
+        datasets = eval_datasources(name) if name in RECIPES else ()
 
         arms = {arm_id: self.arm(arm_id, arm, f"{where}.arms.{arm_id}")
                 for arm_id, arm in self.keyed(body["arms"], f"{where}.arms").items()}
         if body["default_arm"] not in arms:
             raise self.fail(f"{where}.default_arm", f"{body['default_arm']!r} is not one of the arms {', '.join(arms)}")
-        metrics = {metric_id: self.metric(metric_id, metric, f"{where}.metrics.{metric_id}")
+        metrics = {metric_id: self.metric(metric_id, metric, f"{where}.metrics.{metric_id}", name, datasets)
                    for metric_id, metric in self.keyed(body["metrics"], f"{where}.metrics").items()}
         rows = self.rows(body["rows"], f"{where}.rows", metrics)
         plot = self.mapping(body["plot"], f"{where}.plot", ("x", "metrics"))
@@ -257,11 +285,29 @@ class _Parser:
             self.reported(entry, f"{where}.reported[{i}]", sources, arms, metrics, rows_by_id)
             for i, entry in enumerate(body["reported"])
         )
+        layout = self.layout(body["layout"], f"{where}.layout", metrics, rows_by_id) if "layout" in body else None
         return Experiment(
             name=name, title=self.text(body["title"], f"{where}.title"), model=self.text(body["model"], f"{where}.model"),
             protocol=protocol, arms=arms, default_arm=body["default_arm"], metrics=metrics, rows=rows,
-            plot_x=plot["x"], plot_metrics=tuple(plot["metrics"]), reported=reported,
+            plot_x=plot["x"], plot_metrics=tuple(plot["metrics"]), reported=reported, datasets=datasets, layout=layout,
         )
+
+    def layout(self, raw: Any, where: str, metrics: dict[str, Metric], rows: dict[str, Row]) -> Layout:
+        body = self.mapping(raw, where, ("columns", "points"), ("target",))
+        columns = body["columns"]
+        if not isinstance(columns, list) or not columns:
+            raise self.fail(f"{where}.columns", "expected a non-empty list of metric ids")
+        for metric_id in columns:
+            if metric_id not in metrics:
+                raise self.fail(f"{where}.columns", f"unknown metric {metric_id!r}; defined: {', '.join(metrics)}")
+        points = body["points"]
+        if not isinstance(points, list) or not points:
+            raise self.fail(f"{where}.points", "expected a non-empty list of protocol points ({step: N}, ...)")
+        target = body.get("target")
+        if target is not None and target not in rows:
+            raise self.fail(f"{where}.target", f"unknown row {target!r}; defined: {', '.join(rows)}")
+        return Layout(tuple(columns), tuple(self.at(point, f"{where}.points[{i}]") for i, point in enumerate(points)),
+                      target)
 
     def arm(self, arm_id: str, raw: Any, where: str) -> Arm:
         body = self.mapping(raw, where, ("label", "when"))
@@ -272,14 +318,14 @@ class _Parser:
                 raise self.fail(f"{where}.when", "empty: give config keys (e.g. algo.name) or null for no config")
         return Arm(arm_id, self.text(body["label"], where), when)
 
-    def metric(self, metric_id: str, raw: Any, where: str) -> Metric:
-        body = self.mapping(raw, where, ("label", "unit"), ("eval_pass1", "tag", "else_one_minus", "scale", "decimals"))
+    def metric(self, metric_id: str, raw: Any, where: str, experiment: str, recipe: tuple[str, ...]) -> Metric:
+        body = self.mapping(raw, where, ("label", "unit"),
+                            ("eval_pass1", "tag", "else_one_minus", "scale", "decimals", "column"))
         if ("eval_pass1" in body) == ("tag" in body):
             raise self.fail(where, "give exactly one of `eval_pass1` (datasource names) or `tag` (a metrics.py name)")
+        datasets: tuple[str, ...] = ()
         if "eval_pass1" in body:
-            datasets = body["eval_pass1"]
-            if not isinstance(datasets, list) or not datasets or not all(isinstance(d, str) and d for d in datasets):
-                raise self.fail(f"{where}.eval_pass1", "expected a non-empty list of datasource names")
+            datasets = self.datasources(body["eval_pass1"], f"{where}.eval_pass1", experiment, recipe)
             alternatives = [TagSet(tuple(metric_names.eval_pass1(d) for d in datasets))]
         else:
             alternatives = [TagSet((self.tag_name(body["tag"], f"{where}.tag"),))]
@@ -289,8 +335,24 @@ class _Parser:
         if not isinstance(decimals, int) or decimals < 0:
             raise self.fail(f"{where}.decimals", f"expected a non-negative integer, got {decimals!r}")
         scale = self.number(body.get("scale", 1), f"{where}.scale")
-        return Metric(metric_id, self.text(body["label"], where), self.text(body["unit"], f"{where}.unit"),
-                      scale, decimals, tuple(alternatives))
+        label = self.text(body["label"], where)
+        column = self.text(body["column"], f"{where}.column") if "column" in body else label
+        return Metric(metric_id, label, self.text(body["unit"], f"{where}.unit"), scale, decimals, tuple(alternatives),
+                      column, datasets)
+
+    def datasources(self, raw: Any, where: str, experiment: str, recipe: tuple[str, ...]) -> tuple[str, ...]:
+        """`all` or a list of names, each an eval datasource of the experiment's data recipe."""
+        if raw == ALL_DATASOURCES:
+            if not recipe:
+                raise self.fail(where, f"`all` needs a data recipe, and {RECIPES_MODULE} has none for {experiment!r}")
+            return recipe
+        if not isinstance(raw, list) or not raw or not all(isinstance(d, str) and d for d in raw):
+            raise self.fail(where, f"expected `{ALL_DATASOURCES}` or a non-empty list of datasource names")
+        unknown = [name for name in raw if recipe and name not in recipe]
+        if unknown:
+            raise self.fail(where, f"{', '.join(map(repr, unknown))} is not an eval datasource of {experiment}'s data "
+                                   f"recipe ({RECIPES_MODULE}), which writes {', '.join(recipe)}; use those names")
+        return tuple(raw)
 
     def tag_name(self, name: Any, where: str) -> str:
         tag = getattr(metric_names, name, None) if isinstance(name, str) and name.isupper() else None

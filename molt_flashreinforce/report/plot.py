@@ -2,9 +2,11 @@
 
 Contract: `plot_runs(experiments, out_path)` draws one panel per plotted metric of each
 experiment (`plot.metrics` in the paper results): one line per run against update step, or
-against rollouts consumed for experiments whose `plot.x` is `rollouts`, and the paper's
-points for every arm that reports that metric at a known step (dashed, circles). Writes a PNG
-with matplotlib's Agg backend (no display needed) and returns the path.
+against rollouts consumed for experiments whose `plot.x` is `rollouts`; a seed group
+(paper_table.seed_groups) as its mean over seeds with the 95 % bootstrap band (statistics.py) at
+the steps every seed logged; an eval directory as one point with its standard error; and the
+paper's points for every arm that reports that metric at a known step (dashed, circles). Writes
+a PNG with matplotlib's Agg backend (no display needed) and returns the path.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
+
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen before pyplot loads
 
-from molt_flashreinforce.report.paper import Experiment, PaperResults  # noqa: E402
+from molt_flashreinforce.report.paper import Experiment, Metric, PaperResults  # noqa: E402
+from molt_flashreinforce.report.paper_table import group_label, seed_groups, stderr_at  # noqa: E402
 from molt_flashreinforce.report.protocol import metric_series, rollouts_at  # noqa: E402
+from molt_flashreinforce.report.statistics import resample_indices  # noqa: E402
 from molt_flashreinforce.report.table import RunData  # noqa: E402
 
 MAX_COLUMNS = 3
@@ -56,6 +62,33 @@ def _run_curve(data: RunData, series, x_axis: str) -> tuple[list[float], list[fl
     return xs, ys
 
 
+def _draw_group(axis, group: list[RunData], metric: Metric, x_axis: str) -> bool:
+    """A seed group's mean curve and 95 % band; False when its seeds share no logged step."""
+    series = [dict(metric_series(data.scalars, metric) or ()) if data.scalars else {} for data in group]
+    steps = sorted(set.intersection(*(set(by_step) for by_step in series)))
+    if not steps:
+        return False
+    values = np.asarray([[by_step[step] for step in steps] for by_step in series])
+    means = values[resample_indices(len(values))].mean(axis=1)
+    xs, _ = _run_curve(group[0], [(step, 0.0) for step in steps], x_axis)
+    if len(xs) != len(steps):
+        return False
+    axis.plot(xs, values.mean(axis=0), label=f"{group_label(group)}: mean, 95 % band")
+    axis.fill_between(xs, np.percentile(means, 2.5, axis=0), np.percentile(means, 97.5, axis=0), alpha=0.2)
+    return True
+
+
+def _draw_eval(axis, data: RunData, metric: Metric, x_axis: str) -> bool:
+    series = metric_series(data.scalars, metric) if data.scalars else None
+    if not series or x_axis != "step":
+        return False
+    step, value = series[-1]
+    stderr = stderr_at(data.scalars, metric, step)
+    axis.errorbar([step], [value], yerr=[stderr] if stderr is not None else None, marker="s", linestyle="none",
+                  capsize=3, label=f"eval: {data.record.model.path}")
+    return True
+
+
 def plot_runs(paper: PaperResults, experiments: list[tuple[Experiment, list[RunData]]], out_path: Path) -> Path:
     panels = [(experiment, runs, metric_id) for experiment, runs in experiments for metric_id in experiment.plot_metrics]
     columns = min(MAX_COLUMNS, len(panels))
@@ -65,6 +98,13 @@ def plot_runs(paper: PaperResults, experiments: list[tuple[Experiment, list[RunD
         metric = experiment.metrics[metric_id]
         drawn = 0
         for data in runs:
+            if data.record is not None:
+                drawn += _draw_eval(axis, data, metric, experiment.plot_x)
+        for group in seed_groups([data for data in runs if data.record is None]):
+            if len(group) > 1:
+                drawn += _draw_group(axis, group, metric, experiment.plot_x)
+                continue
+            data = group[0]
             series = metric_series(data.scalars, metric) if data.scalars else None
             if not series:
                 continue

@@ -121,7 +121,7 @@ def _names_experiment(override: str) -> bool:
     return override.lstrip("+~").partition("=")[0] == "experiment"
 
 
-def _identity(run: Run) -> list[str]:
+def identity(run: Run) -> list[str]:
     """`experiment=<name> algo=<name>` as far as the run recorded them."""
     algo = run.get("algo.name")
     algo = algo if isinstance(algo, str) else run.choices.get("algo")
@@ -139,7 +139,7 @@ def row_labels(runs: list[Run]) -> list[str]:
         distinct = [o for o in run.overrides if o not in shared and not _names_experiment(o)]
         if len(runs) == 1:
             named = {o.lstrip("+~").partition("=")[0] for o in distinct}
-            distinct = [part for part in _identity(run) if part.partition("=")[0] not in named] + distinct
+            distinct = [part for part in identity(run) if part.partition("=")[0] not in named] + distinct
         labels.append(" ".join(distinct) or run.path.name)
     counts = {label: labels.count(label) for label in labels}
     return [f"{label} ({run.path.name})" if counts[label] > 1 else label for label, run in zip(labels, runs)]

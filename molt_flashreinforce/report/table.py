@@ -1,12 +1,14 @@
 """Build the paper-vs-run comparison table and render it as Markdown, CSV or LaTeX.
 
 Contract: `build_rows(paper, experiment, runs)` takes `RunData` (a run, its label, its
-scalars or why it has none, and the GPUs it held) and returns one `TableRow` per (run, table
-row of the experiment), runs in the given order: paper | this run | difference, plus the step
-actually used and what the run had spent by then (rollouts, wall-clock, GPU-hours, generated
-and trained tokens; see `cost.py`). `render(tables, fmt, paper)` prints one table per
-experiment; `fmt` is one of `FORMATS`. A cost the run cannot give shows `n/a`; a row without
-a step used has no cost (`—`).
+scalars or why it has none, the GPUs it held, and for an eval directory its `EvalRecord`) and
+returns one `TableRow` per (run, table row of the experiment), runs in the given order: paper |
+this run | difference, plus the step actually used and what the run had spent by then
+(rollouts, wall-clock, GPU-hours, generated and trained tokens; see `cost.py`). An eval
+directory fills only the rows read at exactly its evaluated step (any other row would show the
+one checkpoint's score as if measured elsewhere). `render(tables, fmt, paper)` prints one table
+per experiment; `fmt` is one of `FORMATS`. A cost the run cannot give shows `n/a`; a row
+without a step used has no cost (`—`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from molt_flashreinforce import metrics as metric_names
+from molt_flashreinforce.eval_record import EvalRecord
 from molt_flashreinforce.report.cost import Cost, cost_at
 from molt_flashreinforce.report.events import Series
 from molt_flashreinforce.report.paper import Experiment, PaperResults, Reported
@@ -41,6 +44,7 @@ class RunData:
     scalars: dict[str, Series] | None  # None: no event files (detail in `unreadable`)
     placement: Placement
     unreadable: str | None = None
+    record: EvalRecord | None = None  # an eval directory's eval.json
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,13 @@ def build_rows(paper: PaperResults, experiment: Experiment, runs: list[RunData])
             metric = experiment.metrics[row.metric]
             if data.scalars is None:
                 measurement = Measurement(None, None, missing=NOT_IN_RUN, detail=data.unreadable)
+            elif data.record is not None and not (row.at.selector == "step" and row.at.bound == data.record.model.step):
+                measurement = Measurement(None, None, missing="not this eval's point",
+                                          detail=f"an evaluation of step {data.record.model.step} only")
             else:
                 measurement = measure(data.scalars, metric, row.at)
-            cost = None if measurement.step is None else cost_at(data.scalars, data.placement, measurement.step)
+            cost = None if measurement.step is None or data.record is not None else cost_at(
+                data.scalars, data.placement, measurement.step)
             reported = paper_value(paper, experiment, row, arm)
             decimals = metric.decimals if reported is None else max(metric.decimals, _decimals_of(reported.value))
             rows.append(TableRow(
@@ -147,7 +155,7 @@ def _display_cells(row: TableRow) -> tuple[str, ...]:
     )
 
 
-def _md_escape(cell: str) -> str:
+def md_escape(cell: str) -> str:
     return cell.replace("|", "\\|")
 
 
@@ -155,7 +163,7 @@ def _markdown(paper: PaperResults, experiment: Experiment, rows: list[TableRow])
     lines = [f"### {experiment.title} (`{experiment.name}`)", "", f"Protocol: {experiment.protocol['summary']}", ""]
     lines.append("| " + " | ".join(HEADER) + " |")
     lines.append("|" + "|".join("---" for _ in HEADER) + "|")
-    lines += ["| " + " | ".join(_md_escape(cell) for cell in _display_cells(row)) + " |" for row in rows]
+    lines += ["| " + " | ".join(md_escape(cell) for cell in _display_cells(row)) + " |" for row in rows]
     used_tags = sorted({tag for row in rows if row.paper for tag in row.paper.sources})
     if used_tags:
         lines.append("")
@@ -219,7 +227,7 @@ _LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$"
                    "−": "$-$", "—": "---", "≤": r"$\le$"}
 
 
-def _latex_escape(text: str) -> str:
+def latex_escape(text: str) -> str:
     return "".join(_LATEX_SPECIALS.get(char, char) for char in text)
 
 
@@ -229,10 +237,10 @@ def _latex(experiment: Experiment, rows: list[TableRow]) -> str:
         # text | step, rollouts, the four costs, paper, run, difference | arm, source
         r"\begin{tabular}{lllrrrrrrrrrll}",
         r"\toprule",
-        " & ".join(_latex_escape(cell) for cell in HEADER) + r" \\",
+        " & ".join(latex_escape(cell) for cell in HEADER) + r" \\",
         r"\midrule",
     ]
-    lines += [" & ".join(_latex_escape(cell) for cell in _display_cells(row)) + r" \\" for row in rows]
+    lines += [" & ".join(latex_escape(cell) for cell in _display_cells(row)) + r" \\" for row in rows]
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 

@@ -1,13 +1,12 @@
-"""The `molt-flashreinforce` Hydra app (also `python -m molt_flashreinforce`).
+"""The `molt-flashreinforce` command line (also `python -m molt_flashreinforce`): the shell around
+`app.dispatch.run`.
 
     molt-flashreinforce experiment=math_qwen2p5_1p5b algo=flashreinforce dry_run=true
     molt-flashreinforce -m experiment=math_qwen2p5_1p5b algo.delta=1e-3,3e-3,5e-3
 
-The run directory is Hydra's output directory. `backend=local` hands the composed config to the
-CPU backend (`molt_flashreinforce.local.run`); `backend=molt` prepares the Molt job (checks,
-rendering, Molt's own validation, run records) and, unless `dry_run=true`, runs it in a child
-process. Under `-m` every job gets its own directory and child process; a failing job raises in
-its own Hydra job, the others still run, and Hydra reports the failure at the end.
+The run directory is Hydra's output directory; `app.dispatch` chooses what runs there. Under `-m`
+every job gets its own directory and child process; a failing job raises in its own Hydra job,
+the others still run, and Hydra reports the failure at the end.
 
 Keys under `molt.` are open: `molt.<any Molt flag>=value` works on the command line without
 Hydra's `+` prefix (the app adds `++` before Hydra parses the overrides).
@@ -36,8 +35,11 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from molt_flashreinforce import conf
+from molt_flashreinforce.app.dispatch import run
 from molt_flashreinforce.cluster.errors import ClusterError
 from molt_flashreinforce.launch.errors import LaunchError
+from molt_flashreinforce.plugin.compat import UnsupportedMolt
 
 PROG = "molt-flashreinforce"
 DEBUG_ENV = "MOLT_FLASHREINFORCE_DEBUG"  # =1: a refusal also prints its traceback
@@ -60,67 +62,12 @@ def plain_override_dirname(dirname: str) -> str:
 OmegaConf.register_new_resolver("plain_override_dirname", plain_override_dirname, replace=True)
 
 
-def allocation_of(cfg: DictConfig):
-    """This task's multi-node SLURM allocation (None: no SLURM, one node, or a dry run)."""
-    from molt_flashreinforce.cluster import slurm
-
-    return None if cfg.dry_run else slurm.allocation(os.environ)
-
-
-def run(cfg: DictConfig, run_dir: Path) -> None:
-    """Launch one composed job whose outputs go to `run_dir`; bad input raises `LaunchError` first."""
-    from molt_flashreinforce.launch.validate import validate
-
-    validate(cfg)
-    if cfg.rehearsal.mode is not None:  # cpu or gpu (validated above)
-        from molt_flashreinforce.rehearsal.run import run_rehearsal
-
-        summary = run_rehearsal(cfg, run_dir, allocation_of(cfg))
-        if summary is not None:
-            print("\n".join(summary.lines()))
-        return
-    if cfg.backend == "local":
-        from molt_flashreinforce import local
-        from molt_flashreinforce.launch.records import write_records
-
-        write_records(run_dir, cfg, command=None, warnings=[])
-        if cfg.dry_run:
-            print("dry_run=true: not training (backend=local).")
-            return
-        local.run(cfg, run_dir)
-        return
-
-    from molt_flashreinforce.cluster import ray_nodes
-    from molt_flashreinforce.launch.job import prepare_molt_job, run_supervised
-
-    allocation = allocation_of(cfg)
-    settings = ray_nodes.ClusterSettings.from_node(cfg.cluster)
-    gpu_node = ray_nodes.NodeResources()  # Ray detects each node's CPUs and GPUs
-    if allocation is not None and not allocation.is_head:
-        ray_nodes.join(allocation, settings, gpu_node, run_dir)  # the head node's task prepares and runs the job
-        return
-    with ray_nodes.heading(allocation, run_dir):
-        print("Checking the flags with Molt's own parser and validation (importing Molt takes about 20 s) ...", flush=True)
-        job = prepare_molt_job(cfg, run_dir)
-        if job.molt_messages.strip():
-            print(f"Molt's validation said:\n{job.molt_messages.rstrip()}")
-        for warning in job.warnings:
-            print(f"WARNING: a real launch needs: {warning}")
-        print(f"Molt command ({run_dir / 'launch' / 'molt_command.sh'}):\n{job.command.shell()}")
-        if cfg.dry_run:
-            print("dry_run=true: not starting Ray.")
-            return
-        restarts = run_supervised(job, cfg, allocation, gpu_node)
-        print(f"Molt finished{f' after {restarts} restart(s)' if restarts else ''}; attempts in "
-              f"{run_dir / 'launch' / 'attempts.json'}")
-
-
 class RefusedJob(CompactHydraException):
     """A sweep job refused in its own process (submitit): after the sweep Hydra prints this message
     as it is, without a traceback, and exits non-zero."""
 
 
-def print_refusal(error: LaunchError, where: str = "") -> None:
+def print_refusal(error: Exception, where: str = "") -> None:
     if os.environ.get(DEBUG_ENV) == "1":
         traceback.print_exception(error)
     print(f"{PROG}: error: {where}{error}", file=sys.stderr, flush=True)
@@ -166,7 +113,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         if hydra_cfg.mode == RunMode.RUN:
             sys.exit(1)
         raise RefusedJob(f"{PROG}: error: {error}") from None
-    except LaunchError as error:
+    except (LaunchError, UnsupportedMolt) as error:  # bad input, or a Molt other than the one tested
         # Into the job's log file, so a refused job of a sweep keeps its reason.
         _log_to_files(f"refused: {error}")
         if hydra_cfg.mode == RunMode.RUN:
@@ -186,13 +133,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def usage() -> str:
     """Shown for --help without an experiment (Hydra's own help needs a composable config)."""
-    from importlib import resources
-
-    folder = resources.files("molt_flashreinforce.conf") / "experiment"
-    experiments = sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
     return (
         "usage: molt-flashreinforce experiment=<name> [algo=flashreinforce|grpo] [key=value ...] [-m]\n"
-        f"experiments: {', '.join(experiments)}\n"
+        f"experiments: {', '.join(conf.experiments())}\n"
         "Full config and groups: molt-flashreinforce experiment=<name> --help\n"
         "Dry run (no Ray, no GPU): molt-flashreinforce experiment=<name> dry_run=true\n"
     )

@@ -1,9 +1,10 @@
 """Every hyperparameter of every paper experiment x algo, with its source, generated from the configs.
 
-`python -m molt_flashreinforce.launch.hyperparameters > docs/hyperparameters.md` writes the table;
+`python scripts/hyperparameters.py > docs/hyperparameters.md` writes the tables (the algorithms'
+settings, then every experiment's values);
 a test regenerates it and diffs it, so it cannot drift from `molt_flashreinforce/conf/`.
 
-For each experiment x algo the config is composed with Hydra, and each hyperparameter (`algo.*`,
+For each paper experiment (`conf.paper_experiments()`) x algo the config is composed with Hydra, and each hyperparameter (`algo.*`,
 `molt.*`, the model, the agent's turn settings, the seed, the placement) is traced to the last
 config file of the defaults list that sets it. That file's comment on the key (inline, or when
 there is none the comment lines right above it) gives its source tags (docs/sources.md) and its origin:
@@ -24,14 +25,11 @@ from pathlib import PurePosixPath
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-EXPERIMENTS = (
-    "math_qwen2p5_1p5b",
-    "python_tool_qwen2p5_7b",
-    "moe_lag8_qwen3_30b_a3b",
-    "alfworld_qwen2p5_7b",
-    "long_horizon_r1_distill_1p5b",
-)
-ALGOS = ("flashreinforce", "grpo")
+from molt_flashreinforce import conf
+from molt_flashreinforce.algo_settings import ALGORITHMS, SETTINGS
+
+EXPERIMENTS = tuple(conf.paper_experiments())
+ALGOS = ALGORITHMS
 SECONDARY_TAGS = {"P3", "P3t", "P3m"}
 # Keys outside `algo` and `molt` that are hyperparameters of the run (paths and logging are not).
 RUN_KEYS = ("seed", "model.name_or_path", "model.max_position_embeddings", "agent.kind", "agent.max_turns",
@@ -167,12 +165,39 @@ def _placement_choice(experiment: str) -> str:
     return "gpu8_actor1_vllm7"
 
 
+def _range(setting) -> str:
+    if setting.choices:
+        return " \\| ".join(setting.choices)
+    if setting.exactly is not None:
+        return f"= {setting.exactly}"
+    if setting.low is None and setting.high is None:
+        return "true \\| false" if setting.type is bool else "—"
+    left, right = ("(", ")") if setting.open_range else ("[", "]")
+    high = "inf" if setting.high is None else f"{setting.high:g}"
+    return f"{left}{setting.low:g}, {high}{right}" if setting.high is not None or setting.type is float else f">= {setting.low}"
+
+
+def settings_table() -> list[str]:
+    """Every `algo.*` setting of `molt_flashreinforce/algo_settings.py`, one table per algorithm."""
+    lines = []
+    for algorithm in ALGORITHMS:
+        lines += [f"### algo={algorithm}", "", "| key | type | values | default | source | what it does |",
+                  "|---|---|---|---|---|---|"]
+        for setting in SETTINGS[algorithm]:
+            kind = setting.type.__name__ + (" or null" if setting.optional else "")
+            help_text = setting.help.replace("|", "\\|")
+            lines.append(f"| `algo.{setting.name}` | {kind} | {_range(setting)} | `{setting.yaml_value()}` | "
+                         f"{setting.source or '—'} | {help_text or '—'} |")
+        lines.append("")
+    return lines
+
+
 def render() -> str:
     lines = [
         "# Hyperparameters of the paper experiments",
         "",
         "Generated from `molt_flashreinforce/conf/` by",
-        "`python -m molt_flashreinforce.launch.hyperparameters > docs/hyperparameters.md`; do not edit",
+        "`python scripts/hyperparameters.py > docs/hyperparameters.md`; do not edit",
         "(tests/test_hyperparameters.py regenerates it and fails on any difference).",
         "",
         "Every value each experiment x algo sets, as Molt gets it (`molt.*` are Molt's own flags;",
@@ -182,6 +207,12 @@ def render() -> str:
         "choice; *set in* is the config file that decides it. Molt defaults for flags not listed",
         "apply unchanged.",
         "",
+        "## The algorithms' settings",
+        "",
+        "Each `algo.*` key, as `molt_flashreinforce/algo_settings.py` declares it (it also generates",
+        "`conf/algo/*.yaml`, the `--flashreinforce.*` flags and the launcher's checks of these keys).",
+        "",
+        *settings_table(),
     ]
     for experiment in EXPERIMENTS:
         for algo in ALGOS:
