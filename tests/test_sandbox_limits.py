@@ -8,7 +8,9 @@ machine again.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import tempfile
 import warnings
 
@@ -22,6 +24,7 @@ from molt_flashreinforce.agents.sandbox import (
     executor,
     isolation,
     run_python,
+    uids,
 )
 
 
@@ -116,3 +119,25 @@ def test_no_working_mode_is_a_result_not_an_exception(monkeypatch, fresh_probe):
         isolation()
     result = run_python("print(1)")
     assert result.sandbox_error.startswith("SandboxSetupError") and not result.ok
+
+
+def test_processes_of_the_calls_uid_outside_the_call_do_not_count_against_its_limit(monkeypatch):
+    """A uid's process count is kernel-wide: another host sharing the kernel (a container whose
+    pid gives the same uid) or a finished call still being torn down can hold processes of the
+    next call's uid. The call's process limit must count only its own processes."""
+    if os.geteuid() != 0 or not isolation().own_uid:
+        pytest.skip("needs root, where each call runs as a uid of its own")
+    if isolation().mode != "bwrap":
+        pytest.skip("needs bubblewrap, whose user namespace holds the process count")
+    uid = uids.UID_BASE + 7
+    monkeypatch.setattr(uids, "call_uid", lambda: contextlib.nullcontext(uid))
+    elsewhere = [subprocess.Popen(["sleep", "60"], user=uid, group=uid, extra_groups=[]) for _ in range(12)]
+    try:
+        limits = SandboxLimits(timeout_s=5.0, max_processes=8)
+        assert run_python("print(1)", limits).stdout == "1\n"
+        forks = run_python("import os\nwhile True:\n    os.fork()\n", limits)
+        assert "Resource temporarily unavailable" in forks.stderr, forks
+    finally:
+        for process in elsewhere:
+            process.kill()
+            process.wait()

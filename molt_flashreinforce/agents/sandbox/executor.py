@@ -167,6 +167,16 @@ def _reachable_by_others(path: str) -> bool:
     return True
 
 
+# RLIMIT_NPROC counts every process of the uid in the user namespace where it is set. Set on the
+# host, processes of the call's uid outside the call (another host's calls sharing the kernel, a
+# finished call still being torn down) count too, and the switch to that uid makes the exec of
+# bubblewrap fail with EAGAIN. Set inside bubblewrap's user namespace, it counts this call only.
+_JAILED_PROCESS_LIMIT = (
+    "import os, resource, sys; n = int(sys.argv[1]); "
+    "resource.setrlimit(resource.RLIMIT_NPROC, (n, n)); os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
 def _run(machine: _Machine, code: str, limits: SandboxLimits, start: float) -> ExecutionResult:
     with contextlib.ExitStack() as cleanup:
         uid = cleanup.enter_context(uids.call_uid()) if machine.own_uid else None
@@ -188,7 +198,9 @@ def _run(machine: _Machine, code: str, limits: SandboxLimits, start: float) -> E
                 scratch_bytes=limits.scratch_bytes,
                 shm_bytes=min(SHM_BYTES, limits.scratch_bytes),
             )
-            argv = [machine.bwrap, *jail, machine.fs.interpreter, "-I", "-B", "-u", "main.py"]
+            program = [machine.fs.interpreter, "-I", "-B", "-u", "main.py"]
+            process_limit = str(limits.max_processes + cgroups.LAUNCHER_PROCESSES)
+            argv = [machine.bwrap, *jail, machine.fs.interpreter, "-I", "-S", "-c", _JAILED_PROCESS_LIMIT, process_limit, *program]
             scratch, cwd, passed = rootfs.SCRATCH, None, [code_fd, seccomp_fd]
         else:
             scratch = tempfile.mkdtemp(prefix="molt-fr-sandbox-")
@@ -213,7 +225,7 @@ def _run(machine: _Machine, code: str, limits: SandboxLimits, start: float) -> E
             "limits": {
                 "cpu_seconds": int(limits.timeout_s) + 1,
                 "memory_bytes": limits.memory_bytes,
-                "max_processes": limits.max_processes + cgroups.LAUNCHER_PROCESSES,
+                "max_processes": None if machine.mode == "bwrap" else limits.max_processes + cgroups.LAUNCHER_PROCESSES,
                 "max_file_bytes": limits.max_file_bytes,
                 "max_open_files": limits.max_open_files,
             },

@@ -9,8 +9,9 @@ environment and only the file descriptors it needs. Before anything else can run
   short of memory loses a sandboxed program before the process that runs it;
 * joins a fresh, empty session keyring (the host's keys are out of reach, and nothing a call
   stores there is seen by the next call);
-* sets the rlimits (CPU time, address space, processes, file size, open files, no core
-  dumps), ``no_new_privs`` and a parent-death signal;
+* sets the rlimits (CPU time, address space, file size, open files, no core dumps; the
+  process count too, unless bubblewrap's user namespace is to hold it), ``no_new_privs`` and a
+  parent-death signal;
 * as root, when a directory the sandbox needs sits under one that other users cannot enter
   (an interpreter under ``/root``): makes a private mount namespace in which that ancestor
   is covered by an empty directory with only the needed directories bound back, so that
@@ -90,7 +91,8 @@ def _set_limits(limits):
         ("RLIMIT_NOFILE", limits["max_open_files"]),
         ("RLIMIT_CORE", 0),
     ):
-        resource.setrlimit(getattr(resource, name), (value, value))
+        if value is not None:  # None: set later, inside the jail (the process count)
+            resource.setrlimit(getattr(resource, name), (value, value))
 
 
 def _become(uid):
