@@ -51,6 +51,27 @@ def slurm(tmp_path_factory):
         subprocess.run(["bash", script, "down", str(root)], timeout=120)
 
 
+def nodes_out_of_service(env: dict[str, str]) -> list[str]:
+    """'node state reason' of each node of the local cluster that SLURM drained or marked down."""
+    shown = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T %E"], env=env, capture_output=True, text=True, timeout=30)
+    return [line for line in shown.stdout.splitlines() if any(s in line.split()[1] for s in ("drain", "down", "fail"))]
+
+
+@pytest.fixture(autouse=True)
+def slurm_nodes_back_in_service(request):
+    """After each test on the local cluster, a node SLURM drained or marked down (most often a
+    process that outlived its job: "Kill task failed") is named in a warning and resumed, so that
+    the tests after it find every node (a drained node left a later sweep pending)."""
+    yield
+    if "slurm" not in request.fixturenames:
+        return
+    env = request.getfixturevalue("slurm")
+    for line in nodes_out_of_service(env):
+        node = line.split()[0]
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, capture_output=True, timeout=30)
+        request.node.warn(pytest.PytestWarning(f"SLURM node out of service after this test, resumed: {line}"))
+
+
 # ── the eval command's inputs (tests/test_eval_command.py, tests/test_eval_engine.py) ──
 
 FIXTURE_DATA = Path(__file__).parent / "fixtures" / "data"

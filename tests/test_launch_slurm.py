@@ -36,16 +36,27 @@ def wait_for(job_id: str, env: dict[str, str], timeout_s: float = JOB_TIMEOUT_S)
     raise AssertionError(f"SLURM job {job_id} did not finish in {timeout_s} s")
 
 
+def cluster_state(env: dict[str, str], sweep: Path) -> str:
+    """What SLURM and the sweep's jobs say, for a sweep that did not end."""
+    shown = [subprocess.run(command, env=env, capture_output=True, text=True, timeout=30).stdout
+             for command in (["sinfo", "-N", "-o", "%N %T %C %E"], ["squeue", "-o", "%i %T %r %N %M"])]
+    logs = "".join(f"\n--- {log.relative_to(sweep)}:\n{log.read_text()[-1500:]}" for log in sorted(sweep.glob(".submitit/*/*_log.*")))
+    return f"nodes:\n{shown[0]}jobs:\n{shown[1]}{logs}"
+
+
 @pytest.mark.slow
 def test_multirun_through_the_molt_slurm_launcher_survives_a_failing_job(slurm, tmp_path):
     sweep = tmp_path / "sweep"
-    done = subprocess.run(
-        [sys.executable, "-m", "molt_flashreinforce", "-m", "hydra/launcher=molt_slurm", "hydra.launcher.partition=local",
-         # the tiny experiment needs no GPU and one CPU
-         "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10",
-         *TINY, "local.policy_lag=0,1,-1", f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "molt_flashreinforce", "-m", "hydra/launcher=molt_slurm", "hydra.launcher.partition=local",
+             # the tiny experiment needs no GPU and one CPU
+             "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10",
+             *TINY, "local.policy_lag=0,1,-1", f"hydra.sweep.dir={sweep}"],
+            cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the sweep did not end in {JOB_TIMEOUT_S} s; {cluster_state(slurm, sweep)}") from None
     assert done.returncode != 0  # the sweep reports its failed job at the end
     refusal = "molt-flashreinforce: error: local.policy_lag=-1 must be an integer >= 0"
     assert refusal in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
