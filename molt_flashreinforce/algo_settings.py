@@ -158,15 +158,28 @@ def check_value(setting: Setting, value: Any, prefix: str) -> Any:
                 setting.low is not None and value < setting.low) or (setting.exactly is not None and value != setting.exactly):
             raise _refuse(key, value, refusal or f"must be an integer >= {setting.low}")
         return value
+    example = f"use a number such as {key}={setting.yaml_value()}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _refuse(key, value, f"is not a number; {setting.fix.format(key=key)}")
+        raise _refuse(key, value, f"is not a number; {setting.fix.format(key=key) or example}")
     number = float(value)
     inside = not math.isnan(number) and (
         (setting.low is None or (number > setting.low if setting.open_range else number >= setting.low))
         and (setting.high is None or (number < setting.high if setting.open_range else number <= setting.high)))
     if not inside:
-        raise _refuse(key, value, refusal)
+        raise _refuse(key, value, refusal or f"must be {_bounds(setting)}; {example}")
     return number
+
+
+def _bounds(setting: Setting) -> str:
+    """'in [0, 1]', 'in (0, 1)', '>= 0', '<= 1' or 'a number, not nan': what a number setting accepts."""
+    if setting.low is not None and setting.high is not None:
+        opening, closing = "()" if setting.open_range else "[]"
+        return f"in {opening}{setting.low:g}, {setting.high:g}{closing}"
+    if setting.low is not None:
+        return f"{'>' if setting.open_range else '>='} {setting.low:g}"
+    if setting.high is not None:
+        return f"{'<' if setting.open_range else '<='} {setting.high:g}"
+    return "a number, not nan"
 
 
 def check(algo: Any, prefix: str = "algo.") -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,20 @@ def test_a_bad_value_is_one_line_naming_the_key_the_value_and_the_fix(values, pr
     with pytest.raises(SettingError) as refused:
         check(algo, prefix)
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("bounds, value, message", [
+    ({"low": 0.0, "high": 1.0}, 2, "algo.knob=2 must be in [0, 1]; use a number such as algo.knob=0.25"),
+    ({"low": 0.0, "high": 1.0, "open_range": True}, 1.0, "algo.knob=1.0 must be in (0, 1); use a number such as algo.knob=0.25"),
+    ({"low": 0.0}, -1.0, "algo.knob=-1.0 must be >= 0; use a number such as algo.knob=0.25"),
+    ({"high": 1.0}, "x", "algo.knob=x is not a number; use a number such as algo.knob=0.25"),
+    ({}, math.nan, "algo.knob=nan must be a number, not nan; use a number such as algo.knob=0.25"),
+])
+def test_a_new_number_knob_without_its_own_refusal_still_names_the_range_and_a_fix(bounds, value, message):
+    """Adding a knob is adding a Setting: one that brings no refusal text still gets a whole line."""
+    knob = algo_settings.Setting("knob", float, 0.25, help="a new knob", **bounds)
+    with pytest.raises(SettingError, match=f"^{re.escape(message)}$"):
+        algo_settings.check_value(knob, value, "algo.")
 
 
 def test_the_defaults_pass_and_come_back_normalised():
