@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh, plus SLURM for its tests where root and apt-get exist) and run the
-# whole test suite on the CPU.
+# Set up (scripts/setup.sh, vLLM's CPU build for the real-engine tests, and SLURM for its tests
+# where root and apt-get exist) and run the whole test suite on the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup_vllm.sh
 bash scripts/setup_slurm.sh
 set +e
 .venv/bin/python -m pytest "$@"

@@ -139,6 +139,44 @@ class EvalInputs:
         (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
 
 
+    @staticmethod
+    def evaluate(argv: list, warm_cache: Path, timeout_s: float = 600) -> subprocess.CompletedProcess:
+        """`molt-flashreinforce-eval ARGV --device cpu` in its own process (vLLM's CPU build)."""
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(warm_cache)}
+        return subprocess.run([sys.executable, "-m", "molt_flashreinforce.evaluation.cli", *map(str, argv), "--device", "cpu"],
+                              env=env, capture_output=True, text=True, timeout=timeout_s)
+
+    @staticmethod
+    def check_eval_dir(out: Path, step: int, samples: int) -> tuple[object, list[dict]]:
+        """What eval_record specifies, and every number recomputed from the samples."""
+        import json
+
+        from molt_flashreinforce import metrics
+        from molt_flashreinforce.eval_record import SAMPLE_KEYS, read_record
+        from molt_flashreinforce.report.events import read_scalars
+
+        record = read_record(out)
+        lines = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+        assert record.complete and len(lines) == samples
+        assert all(set(SAMPLE_KEYS) <= set(line) and line["reward"] in (0.0, 1.0) and line["response"] for line in lines)
+        k = record.protocol.avg_at_k
+        scalars = read_scalars(out)
+        for name, score in record.benchmarks.items():
+            mine = [line for line in lines if line["benchmark"] == name]
+            problems = sorted({line["problem_id"] for line in mine})
+            assert score.samples == len(mine) == k * len(problems) and score.problems == len(problems)
+            per_problem = [sum(line["reward"] for line in mine if line["problem_id"] == p) / k for p in problems]
+            assert score.avg == pytest.approx(sum(per_problem) / len(per_problem))
+            assert scalars[metrics.eval_pass1(name)] == ((step, pytest.approx(score.avg)),)
+        return record, lines
+
+
 @pytest.fixture(scope="session")
 def eval_inputs():
     return EvalInputs
+
+
+@pytest.fixture(scope="session")
+def warm_compile_cache(tmp_path_factory):
+    """One TORCHINDUCTOR_CACHE_DIR for every vLLM engine the tests start: its log-prob op compiles once."""
+    return tmp_path_factory.mktemp("inductor")

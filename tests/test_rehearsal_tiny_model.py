@@ -56,6 +56,15 @@ def test_tiny_model_keeps_the_cards_shape_and_shrinks_width_and_depth(built, nam
 
 
 @pytest.mark.parametrize("name", EXPERIMENT_MODELS)
+def test_vllms_cpu_engine_runs_the_tiny_models_attention(built, name):
+    cpu_attention = pytest.importorskip("vllm.v1.attention.backends.cpu_attn", reason="vLLM's CPU build is not installed")
+    config = AutoConfig.from_pretrained(built[name])
+    head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    assert head_size in cpu_attention.CPUAttentionBackend.get_supported_head_sizes()
+    assert config.num_attention_heads > config.num_key_value_heads  # grouped-query attention, as the real models
+
+
+@pytest.mark.parametrize("name", EXPERIMENT_MODELS)
 def test_tokenizer_has_the_real_special_token_ids_and_chat_template(built, name):
     tokenizer = AutoTokenizer.from_pretrained(built[name])
     assert tokenizer.convert_tokens_to_ids(card(name)["eos_token"]) == card(name)["config"]["eos_token_id"]

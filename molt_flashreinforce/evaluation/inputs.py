@@ -4,7 +4,7 @@ Contract (every function raises ``EvalInputError``, one line naming the value an
 loads no model):
 
 * ``experiment_config(name, data_dir)``: ``conf/`` composed for ``experiment=<name>``, the config
-  training renders its ``--eval.*`` flags from; ``run_config(run_dir)``: a run's own resolved one.
+  training renders its ``--eval.*`` flags from; ``run_config(run_dir)``: the one a run launched with.
 * ``protocol_of(cfg, **overrides)``: the experiment's eval protocol as Molt's in-trainer eval
   applies it (``RLTrainer._run_eval``): ``molt.eval.{n_samples_per_prompt, temperature, top_p,
   max_new_tokens}``, each unset one falling back to ``molt.rollout.*``; the turn limit is
@@ -27,6 +27,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from molt_flashreinforce.eval_record import Protocol
+from molt_flashreinforce.launch.records import RECORDS_SUBDIR, RESOLVED_CONFIG
 
 CONFIG_MODULE = "molt_flashreinforce.conf"
 MULTI_TURN_AGENTS = ("python_tool", "alfworld")
@@ -57,7 +58,10 @@ def experiment_config(name: str, data_dir: str | None = None) -> DictConfig:
 
 
 def run_config(run_dir: Path, data_dir: str | None = None) -> DictConfig:
-    path = run_dir / ".hydra" / "config.yaml"
+    """The config the run launched with (`launch/config.yaml`: for a rehearsal, the tiny model and
+    the data it trained on), or Hydra's for a run the launcher did not record."""
+    launched = run_dir / RECORDS_SUBDIR / RESOLVED_CONFIG
+    path = launched if launched.is_file() else run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise EvalInputError(f"{run_dir} has no .hydra/config.yaml, so its experiment and base model are unknown; "
                              "evaluate an HF export of the checkpoint with --experiment NAME instead")

@@ -34,7 +34,9 @@ import yaml
 from molt_flashreinforce.modelcards import card
 
 FIRST_ADDED_ID = 151643
-TINY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+# Two heads of 32: the smallest head size vLLM's CPU attention runs (its engine serves these models
+# in the tests); one key-value head keeps the real models' grouped-query attention.
+TINY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
 TINY_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 # Symbols a random policy combines into tokens (see the module docstring): whole boxed answers,
 # a whole valid Python tool call and whole ALFWorld commands, so that random text earns reward,
