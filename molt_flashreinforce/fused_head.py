@@ -5,9 +5,10 @@ never held, only one chunk of them at a time.
                       with_entropy=False, chunk_elements=2**25)
         -> (log_probs [...] float32, with gradient to hidden and weight;
             entropy [...] float32 without gradient, or None)
-    head_computing_log_probs(linear, targets, temperature, with_entropy)
-        context: while inside, `linear(hidden)` returns those log-probs (the entropies are left on
-        the yielded object) instead of the logits
+    head_computing_log_probs(linear, targets_for, temperature, with_entropy)
+        context: while inside, `linear(hidden)` returns those log-probs at `targets_for(hidden's
+        token shape)` instead of the logits; the targets and entropies used are left on the
+        yielded object
 
 The log-probs are those of log_softmax(hidden @ weight.T / temperature) at `targets`, computed as
 Molt's stock path computes them: the logits in the weight's dtype, upcast to float32, then divided
@@ -26,9 +27,11 @@ be a plain tensor there: a vocabulary-sharded (tensor-parallel) weight is not su
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 CHUNK_ELEMENTS = 1 << 25  # 128 MiB of float32 logits
 
@@ -101,24 +104,30 @@ def chunked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
 
 
 class HeadCall:
-    """What a linear head computes while installed; `entropy` is the latest call's (or None)."""
+    """What a linear head computes while installed; `targets` and `entropy` are the latest call's."""
 
-    def __init__(self, linear: nn.Linear, targets: torch.Tensor, temperature: float, with_entropy: bool):
-        self.linear, self.targets, self.temperature, self.with_entropy = linear, targets, temperature, with_entropy
-        self.entropy = None
+    def __init__(self, linear: nn.Linear, targets_for: Callable[[torch.Size], torch.Tensor], temperature: float,
+                 with_entropy: bool):
+        self.linear, self.targets_for, self.temperature, self.with_entropy = linear, targets_for, temperature, with_entropy
+        self.targets = self.entropy = None
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        log_probs, self.entropy = chunked_log_probs(hidden, self.linear.weight, self.targets, self.temperature,
-                                                    self.with_entropy)
+        weight = self.linear.weight
+        if isinstance(weight, DTensor):
+            raise ValueError("the fused head needs the whole lm_head weight in its forward; a vocabulary-parallel "
+                             "(tensor-parallel) lm_head is not supported: turn the fused head off")
+        self.targets = self.targets_for(hidden.shape[:-1])
+        log_probs, self.entropy = chunked_log_probs(hidden, weight, self.targets, self.temperature, self.with_entropy)
         return log_probs
 
 
 @contextmanager
-def head_computing_log_probs(linear: nn.Linear, targets: torch.Tensor, temperature: float, with_entropy: bool):
+def head_computing_log_probs(linear: nn.Linear, targets_for: Callable[[torch.Size], torch.Tensor], temperature: float,
+                             with_entropy: bool):
     """Replace `linear`'s forward on this instance only; module hooks (FSDP2's gathers) still run."""
     if getattr(linear, "bias", None) is not None:
         raise ValueError("the fused head supports an output layer without bias (the causal LMs' lm_head)")
-    call = HeadCall(linear, targets, temperature, with_entropy)
+    call = HeadCall(linear, targets_for, temperature, with_entropy)
     linear.forward = call
     try:
         yield call

@@ -72,9 +72,9 @@ def test_installed_head_returns_log_probs_and_restores_the_module():
     linear = torch.nn.Linear(16, 97, bias=False)
     with torch.no_grad():
         linear.weight.copy_(w)
-    with head_computing_log_probs(linear, targets, 0.7, with_entropy=False) as call:
+    with head_computing_log_probs(linear, lambda tokens: targets, 0.7, with_entropy=False) as call:
         log_probs = linear(h)
-    assert call.entropy is None
+    assert call.entropy is None and call.targets is targets
     torch.testing.assert_close(log_probs, log_probs_from_logits(F.linear(h, w), targets, temperature=0.7))
     assert linear(h).shape == (3, 11, 97)  # the plain linear again
 
@@ -84,5 +84,5 @@ def test_refusals():
     with pytest.raises(ValueError, match="targets have shape"):
         chunked_log_probs(h, w, targets[:, :-1])
     with pytest.raises(ValueError, match="without bias"):
-        with head_computing_log_probs(torch.nn.Linear(16, 97), targets, 1.0, False):
+        with head_computing_log_probs(torch.nn.Linear(16, 97), lambda tokens: targets, 1.0, False):
             pass
