@@ -27,9 +27,9 @@ hold the stock step's logits at the longest length (the CPU run: 8,192).
 
 Peak memory is measured in a fresh process per setup and length (CPU: the process's peak RSS,
 which also holds the interpreter, the model and the inputs; CUDA: torch.cuda.max_memory_allocated
-over the step), and so is the step's own memory: that peak minus the memory held just before the
-step (CPU: the resident set then). The growth per 1,000 tokens is the slope of the step's memory
-between the shortest and the longest length measured.
+over the step), and so is the step's own memory: the step's peak minus the memory held just before
+it (CPU: the kernel's peak-RSS mark restarted before the step, minus the resident set then). The growth per 1,000 tokens is the slope of each between the
+shortest and the longest length measured.
 Time is the median of `--repeats` steps after `--warmup` untimed ones, all setups interleaved in
 this one process so that machine load hits them alike. The ratios against ours_q1 and stock are printed
 and written, with the raw numbers, to the JSON file.
@@ -41,6 +41,8 @@ step instead of sharded collectives) and Molt's distributed barrier in `PolicyTr
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import platform
 import resource
@@ -159,8 +161,25 @@ def resident_mib() -> float:
         return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
 
 
+def start_step_peak() -> float:
+    """CPU: return freed heap to the system, restart the kernel's peak-RSS mark (VmHWM) and give
+    the resident set now, so the step's own peak excludes what came before it (the stock forward
+    that scores the experience holds the whole logits)."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+    return resident_mib()
+
+
+def step_peak_mib() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+
+
 def measure_peak_memory(setup: str, length: int, device: str, vocab: int) -> dict:
-    """Child process: one training step; the peak memory it reached and the memory held before it, in MiB."""
+    """Child process: one training step; the process's peak memory, the memory held just before the
+    step and the step's own memory (its peak minus that), in MiB."""
     with tempfile.NamedTemporaryFile(suffix=".py") as agent:
         trainer = build_trainer(setup, device, agent.name, vocab)
         experience = make_experience(trainer.actor, length, device)
@@ -169,15 +188,15 @@ def measure_peak_memory(setup: str, length: int, device: str, vocab: int) -> dic
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated() / 2**20
         else:
-            before = resident_mib()
+            before = start_step_peak()
         step(trainer, experience)
         synchronize(device)
     if device == "cuda":
-        peak = torch.cuda.max_memory_allocated() / 2**20
+        peak = step_peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         # Linux reports ru_maxrss in KiB. It covers the whole process: interpreter, model, inputs, step.
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"peak_mib": peak, "before_step_mib": before, "step_mib": peak - before}
+        peak, step_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, step_peak_mib()
+    return {"peak_mib": peak, "before_step_mib": before, "step_mib": step_peak - before}
 
 
 def peak_memory_in_fresh_process(setup: str, length: int, device: str, vocab: int) -> dict:
@@ -214,14 +233,16 @@ def ratios(values: dict) -> dict:
 
 
 def growth_per_1k_tokens(lengths_record: dict, setups) -> dict:
-    """MiB per 1,000 tokens of the step's own memory, between the shortest and longest length measured."""
+    """MiB per 1,000 tokens of the step's own memory and of the peak, between the shortest and the
+    longest length measured for each setup."""
     measured = sorted((int(length), entry["memory"]) for length, entry in lengths_record.items() if "memory" in entry)
-    growth = {}
-    for setup in setups:
-        points = [(length, memory[setup]["step_mib"]) for length, memory in measured
-                  if setup in memory and "step_mib" in memory[setup]]
-        if len(points) >= 2 and points[-1][0] > points[0][0]:
-            growth[setup] = (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]) * 1000
+    growth = {"step_mib": {}, "peak_mib": {}}
+    for quantity, per_setup in growth.items():
+        for setup in setups:
+            points = [(length, memory[setup][quantity]) for length, memory in measured
+                      if quantity in memory.get(setup, {})]
+            if len(points) >= 2:
+                per_setup[setup] = (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]) * 1000
     return growth
 
 
@@ -309,7 +330,7 @@ def main() -> None:
             earlier = json.loads(options.out.read_text())
             if (earlier.get("device"), earlier.get("vocab")) == (record["device"], record["vocab"]):
                 record["lengths"] = {**earlier["lengths"], **record["lengths"]}
-        record["step_memory_growth_mib_per_1k_tokens"] = growth_per_1k_tokens(record["lengths"], SETUPS)
+        record["memory_growth_mib_per_1k_tokens"] = growth_per_1k_tokens(record["lengths"], SETUPS)
         options.out.write_text(json.dumps(record, indent=2) + "\n")
         print(f"wrote {options.out}")
 

@@ -7,6 +7,8 @@ wrappers of Molt's methods, and the ordered hooks the rest of the plugin registe
                                 `parts` (`RuntimeHooks`), in that order (plugin/ray_hooks.py)
     wrap_trainer(cls)           the same wrappers on a trainer class of one's own (tests)
     wrap_policy_trainer(built, stepping)   the loss owner of each policy actor (plugin/registry.py)
+    fusing_head(trainer, deliver, num_actions)   one training step with the chunked head (fused_head.py)
+                                in the actor's lm_head; `fused_head_refusal` says in one line where it cannot run
 
 `CONTRACT` lists every Molt method wrapped here (its parameters, and the return layout where we
 unpack it), every private attribute, function or source layout read, and the Ray layout we rely
