@@ -2,7 +2,7 @@
 never held, only one chunk of them at a time.
 
     chunked_log_probs(hidden [..., H], weight [V, H], targets [...], temperature=1.0,
-                      with_entropy=False, chunk_elements=2**25)
+                      with_entropy=False, chunk_elements=2**24)
         -> (log_probs [...] float32, with gradient to hidden and weight;
             entropy [...] float32 without gradient, or None)
     head_computing_log_probs(linear, targets_for, temperature, with_entropy)
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-CHUNK_ELEMENTS = 1 << 25  # 128 MiB of float32 logits
+CHUNK_ELEMENTS = 1 << 24  # 64 MiB of float32 logits, the entropy slabs' size (entropy.py)
 
 
 def chunk_tokens(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:

@@ -36,7 +36,7 @@ def fused(h, w, targets, upstream, temperature, chunk_elements):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("chunk_elements", [97 * 4, 97 * 33, 1 << 25])  # several chunks, one ragged, one chunk
+@pytest.mark.parametrize("chunk_elements", [97 * 4, 97 * 33, 1 << 24])  # several chunks, one ragged, one chunk
 def test_float32_equals_molts_stock_head(temperature, chunk_elements):
     h, w, targets, upstream = inputs(torch.float32)
     ours, theirs = fused(h, w, targets, upstream, temperature, chunk_elements), stock(h, w, targets, upstream,

@@ -56,7 +56,11 @@ def run_step(monkeypatch, tmp_path, fused, flags, dtype=torch.float32, temperatu
         return result
 
     loss_fn.forward = recording
+    head_outputs = []
+    actor.model.lm_head.register_forward_hook(lambda module, inputs, output: head_outputs.append(output.shape))
     training_step(trainer, experience)
+    # The fused head's lm_head returned [B, S] log-probs, Molt's the [B, S, V] logits.
+    assert head_outputs == [(4, 12)] if fused else head_outputs == [(4, 12, 32)]
     assert "forward" not in vars(actor) and "forward" not in vars(actor.model.lm_head)  # nothing left installed
     return seen, [p.grad.float().clone() for p in actor.parameters()]
 
