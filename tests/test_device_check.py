@@ -76,7 +76,7 @@ def test_cpu_mode_runs_every_comparison_and_passes(tmp_path):
 
     bench = record["parts"]["bench"]
     assert bench["status"] == "pass", bench
-    assert set(bench["result"]["lengths"]["256"]["time"]) == {"stock", "ours_q1", "ours_q09"}
+    assert set(bench["result"]["lengths"]["256"]["time"]) == {"stock", "ours_q1", "ours_q09", "fused_q1", "fused_q09"}
 
 
 @pytest.mark.slow
