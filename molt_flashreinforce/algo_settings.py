@@ -95,6 +95,12 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 help="Failure-token entropy filter: keep ceil(q * T_i) highest-entropy tokens of each failed "
                      "trajectory. 1.0 = off.",
                 refusal="must lie in [0, 1] (1 = filter off)", fix="use a fraction in [0, 1] (1 = filter off)"),
+        Setting("fused_head", bool, True, source="our choice", flag=True,
+                help="Compute the sampled-token log-probs (and the filter's entropies) in chunks inside the "
+                     "actor's lm_head, never holding the [S, V] logits (molt_flashreinforce/fused_head.py); the "
+                     "same values as Molt's head. false = Molt's own head, which a placement with actor tp or cp "
+                     "> 1 also keeps. Refused with an entropy bonus (molt.actor.entropy_coef > 0) or score "
+                     "centering."),
         _MAX_POLICY_LAG,
     ),
     GRPO: (

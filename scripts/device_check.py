@@ -2,7 +2,7 @@
 plus Molt's `PolicyLoss` recipe and the training-step memory benchmark where their imports fit.
 
     python scripts/device_check.py [--device cuda|cpu] [--out FILE] [--wheels DIR]
-                                   [--parts loss,entropy,molt,bench] [--perturb REL]
+                                   [--parts loss,entropy,head,molt,bench] [--perturb REL]
 
 (`scripts/device_check.sh` runs it from the repository root with the right PYTHONPATH.)
 
@@ -16,6 +16,13 @@ network, vLLM or Ray. Parts:
   entropy  `token_entropy` at V=151,936 on bf16 and fp32 logits, temperatures 1 and 0.7, against
            a full-vocabulary float32 `log_softmax` entropy; on CUDA also its extra peak memory,
            which must stay within a few slabs.
+  head     the fused head (`fused_head.chunked_log_probs`) against Molt's stock head restated
+           here (the [S, V] logits, then Molt 0.2.1's `log_probs_from_logits`: float32
+           log-softmax in 256-row chunks, each recomputed in backward), forward and backward at
+           a real width and vocabulary (CUDA: hidden 1,536, V=151,936, S = 4K to 32K, bf16): the
+           peak memory above the inputs and the median time of each, their ratios and the growth
+           per 1,000 tokens; the log-probs and gradients agree (float32 to 1e-5 at the first
+           length, bf16 within twice the bf16 rounding of the stock head).
   molt     Molt's `PolicyLoss` in the FlashREINFORCE recipe configuration (and the token gate,
            token-mean and constant-length forms) on the device, against ours on the device, if
            `molt.models.loss` imports; otherwise the part is skipped with the missing module.
@@ -52,13 +59,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from molt_flashreinforce.entropy import token_entropy  # noqa: E402
+from molt_flashreinforce.fused_head import chunked_log_probs  # noqa: E402
 from molt_flashreinforce.objective import (  # noqa: E402
     FlashReinforceConfig,
     flashreinforce_loss,
     flashreinforce_policy_loss,
 )
 
-PARTS = ("loss", "entropy", "molt", "bench")
+PARTS = ("loss", "entropy", "head", "molt", "bench")
 VOCAB = 151_936  # Qwen2.5's vocabulary
 DELTA = 3e-3
 INF = float("inf")
@@ -68,8 +76,10 @@ PYTHON = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
 # Per device: the loss batch (B, T), the entropy positions, the benchmark's lengths and options.
 SIZES = {
     "cuda": {"batch": 128, "width": 4096, "entropy_shape": [2, 2048], "bench_lengths": "8192,16384",
+             "head_lengths": [4096, 8192, 16384, 32768], "head_hidden": 1536, "head_vocab": VOCAB, "head_repeats": 3,
              "bench_options": ["--repeats", "3", "--warmup", "1"], "bench_timeout_s": 300},
     "cpu": {"batch": 16, "width": 160, "entropy_shape": [2, 96], "bench_lengths": "256",
+            "head_lengths": [256, 512], "head_hidden": 32, "head_vocab": 1024, "head_repeats": 1,
             "bench_options": ["--time-only", "--repeats", "1", "--warmup", "0"], "bench_timeout_s": 240},
 }
 # Elementwise |x - ref| <= rtol * |ref| + atol * max|ref| for gradients and entropies (entropy's
@@ -265,6 +275,120 @@ def check_entropy(device: str, sizes: dict, perturb: float) -> dict:
             "peak_limit_mib": ENTROPY_PEAK_SLABS * SLAB_MIB if device == "cuda" else None, "cases": cases}
 
 
+def stock_head_log_probs(hidden, weight, targets, temperature):
+    """Molt 0.2.1's head, restated (the box may have no molt): the [S, V] logits in the weight's dtype,
+    then `log_probs_from_logits`' chunked path (float32 upcast, temperature, 256-row chunks under
+    non-reentrant checkpointing)."""
+    from torch.utils.checkpoint import checkpoint
+
+    logits = hidden @ weight.t()
+
+    def chunk(rows, labels):
+        scaled = rows.float() / temperature if temperature != 1.0 else rows.float()
+        return scaled.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+
+    return torch.cat([checkpoint(chunk, logits[start:start + 256], targets[start:start + 256], use_reentrant=False)
+                      for start in range(0, targets.shape[0], 256)])
+
+
+def fused_head_log_probs(hidden, weight, targets, temperature):
+    return chunked_log_probs(hidden, weight, targets, temperature)[0]
+
+
+HEADS = {"stock": stock_head_log_probs, "fused": fused_head_log_probs}
+
+
+def head_inputs(length: int, hidden: int, vocab: int, dtype: torch.dtype, device: str):
+    generator = torch.Generator(device).manual_seed(length)
+    states = (torch.randn(length, hidden, generator=generator, device=device) * 0.5).to(dtype).requires_grad_()
+    weight = (torch.randn(vocab, hidden, generator=generator, device=device) / hidden ** 0.5).to(dtype).requires_grad_()
+    targets = torch.randint(0, vocab, (length,), generator=generator, device=device)
+    upstream = torch.randn(length, generator=generator, device=device)
+    return states, weight, targets, upstream
+
+
+def run_head(head, inputs, device: str, perturb: float = 0.0) -> dict:
+    """One forward and backward: log-probs, gradients, seconds and (CUDA) the peak above the inputs."""
+    states, weight, targets, upstream = inputs
+    states.grad = weight.grad = None
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    started = time.perf_counter()
+    log_probs = head(states, weight, targets, 0.7)
+    (log_probs * upstream).sum().backward()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    peak = (torch.cuda.max_memory_allocated() - before) / 2**20 if device == "cuda" else None
+    return {"log_probs": log_probs.detach().double().cpu(), "grad_hidden": states.grad.double().cpu() * (1 + perturb),
+            "grad_weight": weight.grad.double().cpu() * (1 + perturb), "seconds": seconds, "peak_mib": peak}
+
+
+def head_agreement(fused: dict, stock: dict, reference: dict | None) -> dict:
+    """float32 (no reference): |fused - stock| <= 1e-5 |stock| + 1e-6 max|stock|; bf16: the
+    difference within twice the stock head's own distance from the float32 reference."""
+    excess = {}
+    for name in ("log_probs", "grad_hidden", "grad_weight"):
+        if reference is None:
+            excess[name] = max_excess(fused[name], stock[name], 1e-5, 1e-6 * float(stock[name].abs().max()))
+        else:
+            spread = float((stock[name] - reference[name]).abs().max())
+            excess[name] = float((fused[name] - stock[name]).abs().max()) / max(2 * spread, 1e-12)
+    return excess
+
+
+def check_head(device: str, sizes: dict, perturb: float) -> dict:
+    hidden, vocab, repeats = sizes["head_hidden"], sizes["head_vocab"], sizes["head_repeats"]
+    lengths = sizes["head_lengths"]
+    cases = []
+    small = head_inputs(lengths[0], hidden, vocab, torch.float32, device)
+    exact = {name: run_head(head, small, device, perturb if name == "fused" else 0.0) for name, head in HEADS.items()}
+    excess = head_agreement(exact["fused"], exact["stock"], None)
+    cases.append({"case": f"float32 S={lengths[0]}", "excess": excess, "pass": max(excess.values()) <= 1})
+    measured = {}
+    for length in lengths:
+        inputs = head_inputs(length, hidden, vocab, torch.bfloat16, device)
+        reference = None
+        if length == lengths[0]:
+            reference = run_head(stock_head_log_probs, tuple(
+                t.detach().float().requires_grad_() if t.is_floating_point() and t.requires_grad else t
+                for t in inputs), device)
+        entry = measured[str(length)] = {}
+        runs = {}
+        for name, head in HEADS.items():
+            try:
+                samples = [run_head(head, inputs, device, perturb if name == "fused" else 0.0)
+                           for _ in range(repeats + (device == "cuda"))]
+            except torch.cuda.OutOfMemoryError:
+                entry[name] = {"oom": True}
+                torch.cuda.empty_cache()
+                continue
+            runs[name] = samples[-1]
+            timed = samples[1:] if device == "cuda" else samples
+            entry[name] = {"median_s": sorted(s["seconds"] for s in timed)[len(timed) // 2],
+                           "peak_mib": max((s["peak_mib"] for s in samples if s["peak_mib"] is not None), default=None)}
+        if len(runs) == 2:
+            fused, stock = entry["fused"], entry["stock"]
+            entry["time_ratio"] = fused["median_s"] / stock["median_s"]
+            if stock["peak_mib"]:
+                entry["peak_ratio"] = fused["peak_mib"] / stock["peak_mib"]
+            if reference is not None:
+                excess = head_agreement(runs["fused"], runs["stock"], reference)
+                cases.append({"case": f"bfloat16 S={length}", "excess": excess, "pass": max(excess.values()) <= 1})
+        del inputs, runs
+    growth = {}
+    for name in HEADS:
+        points = [(int(length), entry[name]["peak_mib"]) for length, entry in measured.items()
+                  if entry[name].get("peak_mib") is not None]
+        if len(points) >= 2:
+            growth[name] = (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]) * 1000
+    return {"status": "pass" if all(c["pass"] for c in cases) else "fail", "hidden": hidden, "vocab": vocab,
+            "dtype": "bfloat16 (measurements)", "lengths": measured, "peak_growth_mib_per_1k_tokens": growth,
+            "cases": cases}
+
+
 MOLT_RECIPE = {"is_correction_level": "seq", "is_correction_gating": "binary_kl", "is_correction_mode": "mask",
                "loss_agg_mode": "seq-mean-token-mean"}
 MOLT_CASES = {  # Molt's PolicyLoss keyword arguments -> our configuration (as tests/test_molt_parity.py)
@@ -451,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     checks = {"loss": lambda: check_loss(options.device, sizes, options.perturb),
               "entropy": lambda: check_entropy(options.device, sizes, options.perturb),
+              "head": lambda: check_head(options.device, sizes, options.perturb),
               "molt": lambda: check_molt(options.device, sizes, options.perturb),
               "bench": lambda: check_bench(options.device, sizes)}
     for name in parts:

@@ -30,6 +30,7 @@ SOURCES = {
     "loss1": "experiments/benchmarks/loss_1thread.json",  # the same with OMP_NUM_THREADS=1
     "local": "experiments/benchmarks/local.json",  # benchmarks/bench_local.py --json
     "grading": "experiments/benchmarks/grading.json",  # benchmarks/bench_grading.py
+    "fused": "experiments/benchmarks/fused_head.json",  # benchmarks/bench_training_step.py --vocab 8192
     "step": "experiments/bench_training_step.json",  # benchmarks/bench_training_step.py
     "step_before": "experiments/bench_training_step_before.json",  # the same, before the slab entropies
     "step12k": "experiments/bench_training_step_12288.json",  # the same at 12,288 tokens

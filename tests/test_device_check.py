@@ -47,7 +47,7 @@ def test_cpu_mode_runs_every_comparison_and_passes(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == record["verdict_line"]  # one line
     assert record["verdict"] == "PASS" and record["verdict_line"].startswith("device check cpu")
-    assert list(record["parts"]) == ["loss", "entropy", "molt", "bench"]
+    assert list(record["parts"]) == ["loss", "entropy", "head", "molt", "bench"]
     assert set(record["tolerances"]) == {"float32", "bfloat16"}
 
     loss = record["parts"]["loss"]
@@ -76,7 +76,7 @@ def test_cpu_mode_runs_every_comparison_and_passes(tmp_path):
 
     bench = record["parts"]["bench"]
     assert bench["status"] == "pass", bench
-    assert set(bench["result"]["lengths"]["256"]["time"]) == {"stock", "ours_q1", "ours_q09"}
+    assert set(bench["result"]["lengths"]["256"]["time"]) == {"stock", "ours_q1", "ours_q09", "fused_q1", "fused_q09"}
 
 
 @pytest.mark.slow
@@ -160,3 +160,28 @@ def test_cuda_mode_without_cuda_refuses_in_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and not (tmp_path / "x.json").exists()
     assert done.stderr.strip().count("\n") == 0 and "--device cpu" in done.stderr
+
+
+def test_head_part_compares_the_fused_head_with_molts_head_and_catches_a_perturbation(tmp_path):
+    done, record = run_check(tmp_path, "--parts", "head")
+    assert done.returncode == 0, done.stderr[-3000:]
+    head = record["parts"]["head"]
+    assert [case["case"] for case in head["cases"]] == ["float32 S=256", "bfloat16 S=256"]
+    assert all(case["pass"] for case in head["cases"])
+    assert set(head["lengths"]) == {"256", "512"}
+    assert all(entry["time_ratio"] > 0 and entry["fused"]["peak_mib"] is None for entry in head["lengths"].values())
+    done, record = run_check(tmp_path, "--parts", "head", "--perturb", "1e-3")
+    assert done.returncode == 1 and record["parts"]["head"]["status"] == "fail"
+
+
+def test_restated_stock_head_is_molts():
+    """The head part's stock side (the GPU box has no molt) is Molt's `log_probs_from_logits` on the logits."""
+    from molt.models.utils import log_probs_from_logits
+
+    states, weight, targets, upstream = device_check.head_inputs(300, 16, 257, torch.float32, "cpu")
+    ours = device_check.stock_head_log_probs(states, weight, targets, 0.7)
+    grads = torch.autograd.grad((ours * upstream).sum(), (states, weight))
+    molt = log_probs_from_logits(states @ weight.t(), targets, temperature=0.7)
+    assert torch.equal(ours, molt)
+    for a, b in zip(grads, torch.autograd.grad((molt * upstream).sum(), (states, weight))):
+        assert torch.equal(a, b)

@@ -60,6 +60,8 @@ def test_flashreinforce_renders_the_recipe_and_plugin_flags(tmp_path, experiment
         "reduction": cfg.algo.reduction, "constant_length": None,
         "importance_sampling": cfg.algo.importance_sampling, "entropy_filter_q": cfg.algo.entropy_filter_q,
         "max_policy_lag": cfg.algo.max_policy_lag,
+        # The fused head needs the whole lm_head on each actor rank: ALFWorld's actor runs at tp 2.
+        "fused_head": cfg.placement.actor.tp == 1 and cfg.placement.actor.cp == 1,
         # The steps the paper's table reports, exported and kept outside Molt's rotation (plugin/exports.py).
         "export_steps": KEPT_EXPORTS[experiment][0], "export_every": KEPT_EXPORTS[experiment][1],
         "export_dir": str(tmp_path / "exports"),
@@ -70,6 +72,21 @@ def test_flashreinforce_renders_the_recipe_and_plugin_flags(tmp_path, experiment
     assert args.logger.tensorboard_dir == str(tmp_path / "tensorboard")
     assert args.ckpt.path == str(tmp_path / "ckpt" / "state") and not args.ckpt.load_enable
     assert job.command.env["MAX_AGENT_TURNS"] == str(cfg.agent.max_turns)
+
+
+def test_fused_head_is_on_where_the_actor_holds_the_whole_head_and_refused_with_an_entropy_bonus(tmp_path):
+    rendered = {placement: parse_and_validate(prepare_molt_job(compose_job(
+        "experiment=math_qwen2p5_1p5b", f"placement={placement}"), tmp_path).command.argv(missing="x"))
+        for placement in ("gpu8_actor1_vllm7", "gpu16_actor8tp2_vllm4tp2")}
+    assert rendered["gpu8_actor1_vllm7"].flashreinforce.fused_head is True
+    assert rendered["gpu16_actor8tp2_vllm4tp2"].flashreinforce.fused_head is False
+    off = parse_and_validate(prepare_molt_job(compose_job("experiment=math_qwen2p5_1p5b", "algo.fused_head=false"),
+                                              tmp_path).command.argv(missing="x"))
+    assert off.flashreinforce.fused_head is False
+    with pytest.raises(LaunchError, match=r"actor.entropy_coef=0.01 trains through them; set algo.fused_head=false"):
+        prepare_molt_job(compose_job("experiment=math_qwen2p5_1p5b", "molt.actor.entropy_coef=0.01"), tmp_path)
+    prepare_molt_job(compose_job("experiment=math_qwen2p5_1p5b", "molt.actor.entropy_coef=0.01",
+                                 "algo.fused_head=false"), tmp_path)
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)

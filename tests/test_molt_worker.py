@@ -139,7 +139,8 @@ def training_step(trainer, experience):
 
 @pytest.mark.parametrize("q", [1.0, 0.5])
 def test_molts_training_step_runs_the_full_objective(monkeypatch, tmp_path, q):
-    args = molt_args(tmp_path, "--flashreinforce.entropy_filter_q", str(q))
+    # Molt's own head (the fused head's parity with it: tests/test_fused_head_molt.py).
+    args = molt_args(tmp_path, "--flashreinforce.entropy_filter_q", str(q), "--flashreinforce.fused_head", "false")
     trainer, actor = build_trainer(monkeypatch, args)
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     drift = torch.tensor([0.0, 2.0, 0.01, 0.0])  # row 1 is far off-policy and must be rejected
@@ -181,7 +182,7 @@ def test_filter_picks_the_tokens_molts_float32_entropy_path_picks(monkeypatch, t
     `compute_entropy` (the previous plugin path took its entropies from that float32 copy), and
     the filter keeps exactly the same tokens."""
     monkeypatch.setattr(entropy_module, "_SLAB_ELEMENTS", 32 * 5)  # 5 positions a slab, 12 per row
-    args = molt_args(tmp_path, "--flashreinforce.entropy_filter_q", "0.5")
+    args = molt_args(tmp_path, "--flashreinforce.entropy_filter_q", "0.5", "--flashreinforce.fused_head", "false")
     trainer, actor = build_trainer(monkeypatch, args, tiny_actor(torch.bfloat16, temperature))
     with torch.no_grad():
         actor.model.lm_head.weight.mul_(30)  # spread the logits: far from uniform, entropies far from tied
@@ -212,7 +213,8 @@ def test_filter_picks_the_tokens_molts_float32_entropy_path_picks(monkeypatch, t
 
 
 def test_entropy_bonus_keeps_molts_differentiable_entropy(monkeypatch, tmp_path):
-    args = molt_args(tmp_path, "--flashreinforce.entropy_filter_q", "0.5", "--actor.entropy_coef", "0.01")
+    args = molt_args(tmp_path, "--flashreinforce.entropy_filter_q", "0.5", "--actor.entropy_coef", "0.01",
+                     "--flashreinforce.fused_head", "false")
     trainer, actor = build_trainer(monkeypatch, args)
     experience = make_experience(actor, torch.tensor([1.0, 0.0]), torch.zeros(2))
     spy = EntropyWorkSpy(monkeypatch, actor)

@@ -116,7 +116,7 @@ class _Flags:
             self.add(dest, f"algo.{setting.name}", setting.type(value))
 
 
-def _algo_flags(flags: _Flags, algo: DictConfig) -> None:
+def _algo_flags(flags: _Flags, algo: DictConfig, placement: DictConfig) -> None:
     name = algo.name
     if name == "flashreinforce":
         owner = "algo (algo.delta, algo.gate_level, algo.gate_mean, algo.importance_sampling)"
@@ -132,7 +132,13 @@ def _algo_flags(flags: _Flags, algo: DictConfig) -> None:
         flags.add("rollout.n_samples_per_prompt", "algo.group_size", int(algo.group_size))
         flags.add("algo.kl.init_coef", "algo (no reference KL)", 0)
         for setting in flag_settings():
-            if setting.name != "max_policy_lag":  # every algorithm's: below
+            if setting.name == "fused_head":
+                # The fused head needs the whole lm_head in each actor rank: a placement that shards the
+                # vocabulary (tp) or the sequence (cp) keeps Molt's own head.
+                whole_head = placement.actor.tp == 1 and placement.actor.cp == 1
+                flags.add(f"{PLUGIN_NAME}.fused_head", "algo.fused_head and placement.actor (tp, cp)",
+                          bool(algo.fused_head) and whole_head)
+            elif setting.name != "max_policy_lag":  # every algorithm's: below
                 flags.add_setting(algo, setting)
     elif name == "grpo":
         flags.add("algo.advantage.estimator", "algo", "grpo")
@@ -284,7 +290,7 @@ def render_command(
     flags.add("train.agent_path", "agent.kind / agent.path", agent_file)
     flags.add("train.seed", "seed", int(cfg.seed))
     _placement_flags(flags, cfg.placement)
-    _algo_flags(flags, cfg.algo)
+    _algo_flags(flags, cfg.algo, cfg.placement)
     # Every algorithm's: the bound is the plugin's, not the loss's.
     flags.add_setting(cfg.algo, next(s for s in flag_settings() if s.name == "max_policy_lag"))
     checkpoints = run_dir / CHECKPOINT_SUBDIR

@@ -163,10 +163,13 @@ def config_from_args(args: SimpleNamespace) -> FlashReinforceConfig:
 def policy_loss_from_args(args: SimpleNamespace) -> PolicyLoss:
     """Exactly the loss module a Molt `PolicyModelActor` builds from these (validated) arguments.
     Constructing it in the driver surfaces the checks Molt's CLI skips before any GPU starts."""
-    from molt_flashreinforce.plugin.seams import policy_loss_kwargs
+    from molt_flashreinforce.plugin.seams import fused_head_args_refusal, policy_loss_kwargs
 
     kwargs = policy_loss_kwargs(args)
     if args.actor.loss_mode == LOSS_NAME:
+        refusal = args.flashreinforce.fused_head and fused_head_args_refusal(args)
+        if refusal:
+            raise ValueError(refusal)
         return FlashReinforcePolicyLoss(config_from_args(args), **kwargs)
     return PolicyLoss(**kwargs)
 

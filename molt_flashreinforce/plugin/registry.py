@@ -5,8 +5,11 @@ own registries, and hooks Molt's `PolicyTrainer` (the loss owner inside each `Po
 plugin/seams.py) so that
 `--actor.loss_mode flashreinforce` builds `FlashReinforcePolicyLoss` and feeds it what Molt's
 surrogate signature cannot carry: the micro-batch's rewards (failure labels) and, for the
-entropy filter, the per-token entropies of the same forward pass, computed in slabs from the
-logits that forward already holds (no float32 copy of them, no second forward).
+entropy filter, the per-token entropies of the same forward pass. With `--flashreinforce.fused_head`
+(the default) that forward runs the chunked head (fused_head.py, installed by plugin/seams.py
+`fusing_head`), which never holds the [S, V] logits and returns the entropies with the log-probs;
+without it the entropies are computed in slabs from the logits that forward already holds (no
+float32 copy of them, no second forward).
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ def register() -> None:
 def _policy_trainer_built(trainer) -> None:
     if trainer.args.actor.loss_mode == LOSS_NAME:
         trainer.actor_loss_fn = policy_loss_from_args(trainer.args)
+        refusal = trainer.args.flashreinforce.fused_head and seams.fused_head_refusal(trainer.args, trainer.actor)
+        if refusal:
+            raise ValueError(refusal)
 
 
 @contextmanager
@@ -54,12 +60,17 @@ def _policy_training_step(trainer, experience):
         yield
         return
     loss_fn.bound_experience = experience
-    try:
-        if loss_fn.config.uses_entropy_filter:
-            def deliver(entropies):
-                loss_fn.bound_entropies = entropies
 
-            with seams.capturing_action_entropies(trainer, deliver, experience.action_mask.shape[1]):
+    def deliver(entropies):
+        loss_fn.bound_entropies = entropies
+
+    num_actions = experience.action_mask.shape[1]
+    try:
+        if trainer.args.flashreinforce.fused_head:
+            with seams.fusing_head(trainer, deliver if loss_fn.config.uses_entropy_filter else None, num_actions):
+                yield
+        elif loss_fn.config.uses_entropy_filter:
+            with seams.capturing_action_entropies(trainer, deliver, num_actions):
                 yield
         else:
             yield

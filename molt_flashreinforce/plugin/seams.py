@@ -7,6 +7,8 @@ wrappers of Molt's methods, and the ordered hooks the rest of the plugin registe
                                 `parts` (`RuntimeHooks`), in that order (plugin/ray_hooks.py)
     wrap_trainer(cls)           the same wrappers on a trainer class of one's own (tests)
     wrap_policy_trainer(built, stepping)   the loss owner of each policy actor (plugin/registry.py)
+    fusing_head(trainer, deliver, num_actions)   one training step with the chunked head (fused_head.py)
+                                in the actor's lm_head; `fused_head_refusal` says in one line where it cannot run
 
 `CONTRACT` lists every Molt method wrapped here (its parameters, and the return layout where we
 unpack it), every private attribute, function or source layout read, and the Ray layout we rely
@@ -116,6 +118,12 @@ CONTRACT: tuple[Seam, ...] = (
          "(self, sequences, attention_mask, position_ids, cp_context_stack, mm_inputs, output_hidden_states=False, "
          "routed_experts=None)"),
     Seam("molt.models.actor.Actor._restore_full_sequence", "(self, t, *, cp_forward, batch, seqlen, indices)"),
+    # The fused head's targets: Molt's rolled sequences, packed as Molt packs them (plugin/seams.py `fusing_head`).
+    Seam("molt.trainer.fsdp.packing.pack_padded_batch",
+         "(sequences, attention_mask, *, style='hf', pad_to_tokens=None)",
+         contains=("rolled = torch.roll(sequences, shifts=-1, dims=1)",
+                   "rolled_packed = rolled.reshape(batch * seqlen).index_select(0, indices).unsqueeze(0)",
+                   "rolled_packed = F.pad(rolled_packed, (0, trailing_pad))")),
     # One reward per rollout for the group estimators, ours included (plugin/registry.py).
     Seam("molt.trainer.algorithm.advantage.GROUP_ADVANTAGE_ESTIMATORS", kind=frozenset),
     Seam("molt.trainer.rollout.experience_maker.GROUP_ADVANTAGE_ESTIMATORS", kind=frozenset),
@@ -559,6 +567,110 @@ def capturing_action_entropies(trainer, deliver, num_actions: int):
     finally:
         del actor.forward
         vars(actor).pop("_forward_backbone", None)
+
+
+_FUSED_HEAD_FIX = "set algo.fused_head=false (--flashreinforce.fused_head false)"
+
+
+def fused_head_args_refusal(args) -> str | None:
+    """Why Molt's parsed `args` leave the fused head (`--flashreinforce.fused_head`) nothing to run on, in one
+    line; None if they do not."""
+    fix = _FUSED_HEAD_FIX
+    if args.fsdp.tp_size > 1:
+        return (f"algo.fused_head does not support a vocabulary-parallel lm_head (fsdp.tp_size={args.fsdp.tp_size}); "
+                f"{fix}")
+    if args.fsdp.cp_size > 1:
+        return f"algo.fused_head does not support context parallelism (fsdp.cp_size={args.fsdp.cp_size}); {fix}"
+    if args.actor.entropy_coef:
+        return (f"algo.fused_head returns entropies without gradient, and actor.entropy_coef="
+                f"{args.actor.entropy_coef} trains through them; {fix} or use actor.entropy_coef=0")
+    if args.algo.advantage.score_centering_top_k > 0:
+        return (f"algo.fused_head scores the sampled token only, and algo.advantage.score_centering_top_k="
+                f"{args.algo.advantage.score_centering_top_k} needs the sampler's top-k too; {fix}")
+    return None
+
+
+def fused_head_refusal(args, actor) -> str | None:
+    """`fused_head_args_refusal`, then whether this actor's model has a head the fused head can replace."""
+    refusal = fused_head_args_refusal(args)
+    if refusal:
+        return refusal
+    from torch import nn
+
+    head = actor.model.get_output_embeddings() if hasattr(actor.model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Linear) or head.bias is not None:
+        return (f"algo.fused_head needs the model's lm_head to be a bias-free linear layer, not {type(head).__name__}; "
+                f"{_FUSED_HEAD_FIX}")
+    return None
+
+
+def fused_head_targets(sequences, attention_mask, packed: bool):
+    """The target ids of the model's token axis, given its shape: Molt's rolled sequences, and under
+    (cp 1) packing the real tokens of the rolled rows padded with 0 to the packed length, as Molt's
+    `pack_padded_batch` builds its labels (`CONTRACT`)."""
+    import torch
+    import torch.nn.functional as F
+
+    rolled = torch.roll(sequences, shifts=-1, dims=1)
+    if not packed:
+        return lambda tokens: rolled
+    real = attention_mask.bool().reshape(-1).nonzero(as_tuple=False).flatten()
+    rolled_real = rolled.reshape(-1).index_select(0, real).unsqueeze(0)
+    return lambda tokens: F.pad(rolled_real, (0, tokens[-1] - rolled_real.shape[1]))
+
+
+@contextmanager
+def fusing_head(trainer, deliver=None, num_actions: int = 0):
+    """The trainer's actor forward for one step with the chunked head (fused_head.py) inside Molt's model:
+    the model's lm_head returns the sampled-token log-probs instead of the [S, V] logits, and
+    `deliver`, if given, receives the action span's entropies [B, A] of the same pass.
+
+    Molt's `_forward_backbone` runs unchanged (packing, the model call); the lm_head module is the
+    one called, so FSDP2 gathers its weight (or the tied embedding's) around the chunked forward
+    and backward as around the plain one. The targets are Molt's own: the rolled sequences, and
+    under packing their real tokens (padded as Molt pads them); they are checked against the ones
+    `_forward_backbone` returns. The output is what Molt's `Actor.forward` returns without entropy
+    or top-k ids: `log_probs` and `action_log_probs` (and the model's other outputs), no logits.
+    """
+    import torch
+
+    from molt_flashreinforce.fused_head import head_computing_log_probs
+
+    refusal = fused_head_refusal(trainer.args, trainer.actor)
+    if refusal:
+        raise ValueError(refusal)
+    actor = trainer.actor
+    head = actor.model.get_output_embeddings()
+
+    def fused_forward(sequences, action_mask=None, attention_mask=None, position_ids=None, cp_context_stack=None,
+                      return_entropy=False, routed_experts=None, top_ids=None, **mm_inputs):
+        if return_entropy or top_ids is not None:
+            raise ValueError("the fused head computes neither a differentiable entropy nor top-k log-probs; "
+                             "set algo.fused_head=false")
+        targets_for = fused_head_targets(sequences, attention_mask, actor.packing_samples)
+        with head_computing_log_probs(head, targets_for, actor.temperature, deliver is not None) as call:
+            output, rolled, cp_forward, indices, batch, seqlen = actor._forward_backbone(
+                sequences, attention_mask, position_ids, cp_context_stack, mm_inputs, routed_experts=routed_experts)
+        if call.targets is None or not torch.equal(call.targets, rolled):
+            raise MoltDrift("Molt's model call did not go through its lm_head with the targets Molt rolled; "
+                            "set algo.fused_head=false and report this Molt version")
+
+        def restored(per_token):
+            return actor._restore_full_sequence(per_token, cp_forward=cp_forward, batch=batch, seqlen=seqlen,
+                                                indices=indices)[:, :-1]
+
+        output["log_probs"] = restored(output.pop("logits"))
+        if action_mask is not None:
+            output["action_log_probs"] = output["log_probs"][:, -action_mask.shape[1]:] * action_mask.float()
+        if deliver is not None:
+            deliver(restored(call.entropy)[:, -num_actions:])
+        return output
+
+    actor.forward = fused_forward
+    try:
+        yield
+    finally:
+        del actor.forward
 
 
 def count_as_group_estimator(name: str) -> None:
