@@ -16,7 +16,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "molt_flashreinforce"
 LAYERS = (
     ("algo_settings", "metrics", "eval_record", "addition_split", "modelcards", "conf"),
-    ("objective", "entropy"),
+    ("objective", "entropy", "fused_head"),
     ("cluster", "agents"),
     ("plugin",),
     ("local", "data"),
