@@ -51,7 +51,9 @@ class PromptEchoRunner:
 
 @pytest.fixture(scope="module")
 def runners():
-    pythonpath = os.pathsep.join(filter(None, [str(VLLM_STUB), os.environ.get("PYTHONPATH")]))
+    # The stand-in only where no real vLLM is installed: the workers unpickle the driver's SamplingParams.
+    stub = str(VLLM_STUB) if importlib.util.find_spec("vllm") is None else None
+    pythonpath = os.pathsep.join(filter(None, [stub, os.environ.get("PYTHONPATH")]))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     runners = [PromptEchoRunner.remote() for _ in range(2)]

@@ -57,7 +57,9 @@ class EchoRunner:
 @pytest.fixture(scope="module")
 def generator():
     # Our launcher's runtime env: every worker runs the setup hook (register + the runtime patches).
-    pythonpath = os.pathsep.join(filter(None, [str(VLLM_STUB), os.environ.get("PYTHONPATH")]))
+    # The stand-in only where no real vLLM is installed: the workers unpickle the driver's SamplingParams.
+    stub = str(VLLM_STUB) if importlib.util.find_spec("vllm") is None else None
+    pythonpath = os.pathsep.join(filter(None, [stub, os.environ.get("PYTHONPATH")]))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": {"PYTHONPATH": pythonpath}})
     args = parse_and_validate([

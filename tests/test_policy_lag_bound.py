@@ -62,7 +62,9 @@ class EchoRunner:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    pythonpath = os.pathsep.join(filter(None, [str(VLLM_STUB), os.environ.get("PYTHONPATH")]))
+    # The stand-in only where no real vLLM is installed: the workers unpickle the driver's SamplingParams.
+    stub = str(VLLM_STUB) if importlib.util.find_spec("vllm") is None else None
+    pythonpath = os.pathsep.join(filter(None, [stub, os.environ.get("PYTHONPATH")]))
     # address="local": a cluster of its own even where another Ray cluster runs on the machine
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
