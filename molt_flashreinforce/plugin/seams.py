@@ -24,6 +24,7 @@ import ast
 import functools
 import importlib
 import inspect
+import logging
 import re
 import textwrap
 from contextlib import contextmanager
@@ -148,6 +149,20 @@ class Unavailable(Exception):
     it holds cannot run here either, so there is nothing to check."""
 
 
+@contextmanager
+def _torchaos_deprecation_quiet():
+    """Where vLLM is installed, importing Molt imports torchao (through transformers' quantizers),
+    which registers its enums with a pytree call torch 2.13 deprecates; torch logs that to stderr,
+    where it would break the launcher's one-line refusals, and nobody here can act on it."""
+    pytree_log = logging.getLogger("torch.utils._pytree")
+    level = pytree_log.level
+    pytree_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        pytree_log.setLevel(level)
+
+
 def resolve(path: str):
     """The object at a dotted path: the longest importable module, then attributes; a Ray actor
     class on the way continues with the class Ray captured."""
@@ -155,7 +170,8 @@ def resolve(path: str):
     for cut in range(len(parts), 0, -1):
         module = ".".join(parts[:cut])
         try:
-            value = importlib.import_module(module)
+            with _torchaos_deprecation_quiet():
+                value = importlib.import_module(module)
         except ModuleNotFoundError as error:
             missing = error.name or ""
             if not module.startswith(missing) and missing.partition(".")[0] not in ("molt", "ray"):
