@@ -52,6 +52,8 @@ def test_multirun_through_the_molt_slurm_launcher_survives_a_failing_job(slurm, 
             [sys.executable, "-m", "molt_flashreinforce", "-m", "hydra/launcher=molt_slurm", "hydra.launcher.partition=local",
              # the tiny experiment needs no GPU and one CPU
              "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10",
+                 # SLURM's time-limit warning within the 10 minutes (the default lead, 900 s, is refused)
+                 "hydra.launcher.signal_delay_s=60",
              *TINY, "local.policy_lag=0,1,-1", f"hydra.sweep.dir={sweep}"],
             cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
         )

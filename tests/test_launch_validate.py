@@ -116,6 +116,16 @@ def test_a_swept_key_unknown_in_one_of_the_swept_options_is_refused_before_any_j
                               "algo has: name, group_size, clip_eps, reduction", tmp_path)
 
 
+def test_a_slurm_warning_lead_as_long_as_the_time_limit_is_refused_before_any_job(tmp_path):
+    """The launcher's default lead (900 s) within a 10-minute limit: SLURM would warn each job at once."""
+    done = run_cli(tmp_path, "-m", "hydra/launcher=molt_slurm", "hydra.launcher.partition=local",
+                   "hydra.launcher.timeout_min=10", "experiment=tiny", "local.policy_lag=0,1")
+    assert_refused_once(done, "hydra.launcher.signal_delay_s=900 is not shorter than hydra.launcher.timeout_min=10 "
+                              "(600 s): SLURM would send its time-limit warning at once and every job would requeue "
+                              "itself before training; set hydra.launcher.signal_delay_s=60", tmp_path)
+    assert not (tmp_path / "multirun").exists()
+
+
 def test_missing_experiment_is_one_line_with_the_choices(tmp_path):
     done = run_cli(tmp_path, "dry_run=true")
     assert_refused_once(done, "experiment is not set; pass experiment=<name>, one of: alfworld_qwen2p5_7b, "

@@ -129,6 +129,24 @@ def check_overrides(overrides: list[str], multirun: bool = False) -> None:
                 composed = OmegaConf.to_container(
                     compose(config_name=CONFIG_NAME, overrides=groups), resolve=False)
                 raise LaunchError(_unknown_key_message(full_key, given, composed, groups if multirun and len(combinations) > 1 else [])) from None
+        if multirun:
+            launcher_overrides = [_first_value(o) for o in parsed if o.key_or_group.startswith("hydra.launcher.")]
+            _check_slurm_warning(compose(config_name=CONFIG_NAME, return_hydra_config=True,
+                                         overrides=combinations[0] + launcher_overrides).hydra.launcher)
+
+
+def _check_slurm_warning(launcher) -> None:
+    """SLURM sends its time-limit warning `signal_delay_s` before the limit; a lead not shorter than
+    the limit warns at once, and the job checkpoints and requeues itself before it trains."""
+    if "signal_delay_s" not in launcher or "timeout_min" not in launcher:
+        return
+    limit_s = int(launcher.timeout_min) * 60
+    if int(launcher.signal_delay_s) >= limit_s:
+        raise LaunchError(
+            f"hydra.launcher.signal_delay_s={launcher.signal_delay_s} is not shorter than hydra.launcher.timeout_min="
+            f"{launcher.timeout_min} ({limit_s} s): SLURM would send its time-limit warning at once and every job would "
+            f"requeue itself before training; set hydra.launcher.signal_delay_s={max(limit_s // 10, 1)} or a longer "
+            "hydra.launcher.timeout_min")
 
 
 def _refuse_missing_option(error, parsed: list, loader) -> None:
