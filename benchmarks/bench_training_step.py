@@ -128,6 +128,19 @@ def build_trainer(setup: str, device: str, agent_path: str, vocab: int = VOCAB):
     return policy_actor.PolicyTrainer(LocalStrategy(args), actor, optimizer, scheduler, vllm_engines=None)
 
 
+def current_log_probs(actor, sequences, attention_mask, actions: int):
+    """The actor's log-probs of the trajectory's policy tokens, in chunks of tokens from its final hidden
+    states: the sampler's, which a run gets from the rollout engine's own process (Molt's recipe runs no
+    scoring forward in the actor: force-on-policy at KL 0), so this process never holds their [S, V] logits."""
+    from molt_flashreinforce.fused_head import chunked_log_probs
+
+    with torch.no_grad():
+        hidden = actor.model.model(sequences, attention_mask=attention_mask).last_hidden_state
+        log_probs, _ = chunked_log_probs(hidden[:, :-1], actor.model.get_output_embeddings().weight, sequences[:, 1:],
+                                         temperature=actor.temperature)
+    return log_probs[:, -actions:]
+
+
 def make_experience(actor, length: int, device: str):
     """One failed trajectory whose stored sampling log-probs sit just below the current ones (admitted)."""
     from molt.trainer.algorithm.experience import Experience
@@ -138,8 +151,7 @@ def make_experience(actor, length: int, device: str):
     actions = length - length // 16
     action_mask = torch.ones(1, actions, dtype=torch.bool, device=device)
     attention_mask = torch.ones(1, length, dtype=torch.long, device=device)
-    with torch.no_grad():
-        current = actor(sequences, action_mask, attention_mask=attention_mask)["action_log_probs"]
+    current = current_log_probs(actor, sequences, attention_mask, actions)
     return Experience(sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
                       rollout_log_probs=current - 1e-3, advantages=torch.full_like(current, -0.5),
                       info={"reward": torch.zeros(1, device=device)})
@@ -163,8 +175,8 @@ def resident_mib() -> float:
 
 def start_step_peak() -> float:
     """CPU: return freed heap to the system, restart the kernel's peak-RSS mark (VmHWM) and give
-    the resident set now, so the step's own peak excludes what came before it (the stock forward
-    that scores the experience holds the whole logits)."""
+    the resident set now, so the step's own peak excludes what came before it (building the model
+    and the experience)."""
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as clear_refs:
@@ -279,6 +291,17 @@ def run(lengths, device: str, repeats: int, warmup: int, timed: bool, measure_me
     return record
 
 
+def merge_earlier(record: dict, earlier: dict) -> None:
+    """Keep in `record` what an earlier run on the same device and vocabulary measured and this one did not:
+    other lengths, and at a length measured again the part (memory or time) this run skipped."""
+    if (earlier.get("device"), earlier.get("vocab")) != (record["device"], record["vocab"]):
+        return
+    if not record["repeats"]:  # this run did not time: the kept timings are the earlier run's
+        record["repeats"], record["warmup"] = earlier["repeats"], earlier["warmup"]
+    record["lengths"] = {**earlier["lengths"], **{length: {**earlier["lengths"].get(length, {}), **entry}
+                                                  for length, entry in record["lengths"].items()}}
+
+
 def parse_lengths(text: str):
     try:
         lengths = tuple(int(part) for part in text.split(","))
@@ -300,8 +323,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per setup before them")
     parser.add_argument("--memory-only", action="store_true", help="skip the timing")
     parser.add_argument("--time-only", action="store_true", help="skip the fresh-process memory measurements")
-    parser.add_argument("--out", type=Path, help="write the measurements to this JSON file (lengths it already "
-                        "holds for the same device and not measured again are kept)")
+    parser.add_argument("--out", type=Path, help="write the measurements to this JSON file (what it already holds "
+                        "for the same device and vocabulary and is not measured again is kept: other lengths, and "
+                        "the timings of a --memory-only run's lengths or the memory of a --time-only one's)")
     parser.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, of {', '.join(SETUPS)}")
     parser.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary size (default Qwen2.5's)")
     parser.add_argument("--child", nargs=2, metavar=("SETUP", "LENGTH"), help=argparse.SUPPRESS)
@@ -326,10 +350,8 @@ def main() -> None:
                  timed=not options.memory_only, measure_memory=not options.time_only, setups=setups,
                  vocab=options.vocab)
     if options.out:
-        if options.out.exists():  # lengths measured by earlier runs stay, unless measured again here
-            earlier = json.loads(options.out.read_text())
-            if (earlier.get("device"), earlier.get("vocab")) == (record["device"], record["vocab"]):
-                record["lengths"] = {**earlier["lengths"], **record["lengths"]}
+        if options.out.exists():
+            merge_earlier(record, json.loads(options.out.read_text()))
         record["memory_growth_mib_per_1k_tokens"] = growth_per_1k_tokens(record["lengths"], SETUPS)
         options.out.write_text(json.dumps(record, indent=2) + "\n")
         print(f"wrote {options.out}")

@@ -37,6 +37,10 @@ TOTAL_LENGTH_MEAN = "train/total_length"
 ACCEPTANCE_RATE = "train/flashreinforce/acceptance_rate"  # 1 - is_filter_ratio
 SEQUENCE_KL_MEAN = "train/flashreinforce/sequence_kl_mean"
 RETAINED_TOKEN_FRACTION = "train/flashreinforce/retained_token_fraction"
+# With --actor.loss_mode flashreinforce: 1.0 for a micro-batch whose log-probs the fused head computed
+# inside the lm_head (plugin/seams.py `fusing_head`), 0.0 for one scored by Molt's own head; the
+# step's value is their mean, so 1.0 means every micro-batch of the step ran the fused head.
+FUSED_HEAD = "train/flashreinforce/fused_head"
 POLICY_LAG_MEAN = "train/policy_lag_mean"
 POLICY_LAG_MAX = "train/policy_lag_max"
 ROLLOUTS_CONSUMED = "train/rollouts_consumed"  # cumulative trajectories trained on

@@ -17,6 +17,7 @@ import pytest
 import torch
 from molt.trainer.fsdp.packing import pack_padded_batch
 
+from molt_flashreinforce import metrics
 from molt_flashreinforce.plugin import seams
 
 # The Molt trainer set-up of tests/test_molt_worker.py (Molt's wheel owns the top-level name `tests`).
@@ -58,9 +59,11 @@ def run_step(monkeypatch, tmp_path, fused, flags, dtype=torch.float32, temperatu
     loss_fn.forward = recording
     head_outputs = []
     actor.model.lm_head.register_forward_hook(lambda module, inputs, output: head_outputs.append(output.shape))
-    training_step(trainer, experience)
+    status = training_step(trainer, experience)
     # The fused head's lm_head returned [B, S] log-probs, Molt's the [B, S, V] logits.
     assert head_outputs == [(4, 12)] if fused else head_outputs == [(4, 12, 32)]
+    # What Molt logs as metrics.FUSED_HEAD for this micro-batch: per sample, which head scored it.
+    assert status["metrics"][metrics.step_key(metrics.FUSED_HEAD)].tolist() == [float(fused)] * 4
     assert "forward" not in vars(actor) and "forward" not in vars(actor.model.lm_head)  # nothing left installed
     return seen, [p.grad.float().clone() for p in actor.parameters()]
 

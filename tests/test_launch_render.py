@@ -183,6 +183,9 @@ def test_rerun_in_a_run_directory_with_a_checkpoint_resumes(tmp_path):
         (["++molt.rollout.n_samples_per_prompt=4"], "molt.rollout.n_samples_per_prompt is owned by algo.group_size"),
         (["molt.train.batch_size=256"], "Set molt.train.batch_size=128"),
         (["++molt.train.max_epochs=2"], "molt.train.max_epochs is owned by algo (one optimizer step per batch)"),
+        # Force-on-policy at KL 0 is also why Molt runs no scoring forward in the actor before the step, whose
+        # [S, V] logits the fused head would not avoid (Molt's experience_maker: skip_actor_old).
+        (["++molt.algo.kl.init_coef=0.1"], "molt.algo.kl.init_coef is owned by algo (no reference KL)"),
         (["++molt.algo.advantage.is_correction_level=token"], "would apply importance correction twice"),
         (["++molt.algo.advantage.is_correction_threshold=[0.5,5.0]"], "would apply importance correction twice"),
         (["molt.rollout.top_p=0.95"], "molt.rollout.top_p=0.95 with importance sampling"),

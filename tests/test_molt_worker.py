@@ -22,6 +22,7 @@ from molt.trainer.workers import policy_actor
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from molt_flashreinforce import entropy as entropy_module
+from molt_flashreinforce import metrics
 from molt_flashreinforce.entropy import token_entropy
 from molt_flashreinforce.launch.molt_cli import parse_and_validate
 from molt_flashreinforce.objective import FlashReinforceConfig, _entropy_filter_keep, flashreinforce_loss
@@ -103,8 +104,10 @@ def test_policy_trainer_builds_our_loss_from_molts_parsed_arguments(monkeypatch,
 def test_stock_loss_modes_are_left_to_molt(monkeypatch, tmp_path):
     args = molt_args(tmp_path)
     args.actor.loss_mode = "ppo"
-    trainer, _ = build_trainer(monkeypatch, args)
+    trainer, actor = build_trainer(monkeypatch, args)
     assert type(trainer.actor_loss_fn) is policy_actor.PolicyLoss
+    status = training_step(trainer, make_experience(actor, torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4)))
+    assert metrics.step_key(metrics.FUSED_HEAD) not in status["metrics"]  # Molt's own head, nothing of ours logged
 
 
 class EntropyWorkSpy:

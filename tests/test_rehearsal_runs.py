@@ -296,6 +296,10 @@ def check_rehearsal(name: str, run_dir: Path, stdout: str, steps: int, min_lag: 
     assert len(scalars[metrics.POLICY_VERSIONS_MIXED]) == steps
     consumed = [value for _, value in scalars[metrics.ROLLOUTS_CONSUMED]]
     assert consumed == [float(per_step * (i + 1)) for i in range(steps)]
+    # Every FlashREINFORCE step's log-probs came from the fused head (algo.fused_head, on by default,
+    # the actor tp and cp 1 here); Molt's GRPO keeps its own head and logs no such tag.
+    fused = [value for _, value in scalars.get(metrics.FUSED_HEAD, [])]
+    assert fused == ([] if name == "math_grpo" else [1.0] * steps), fused
     # The engine is honest: the trainer's recomputed log-probs match the sampled ones at step 1
     # (Molt keeps the sampling log-probs, and logs vllm_kl, only with an importance correction),
     # and every refit reached every engine weight (--train.check_weight_update_equal), also when

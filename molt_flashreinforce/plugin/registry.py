@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import torch
+
+from molt_flashreinforce import metrics
 from molt_flashreinforce.plugin import seams
 from molt_flashreinforce.plugin.policy_loss import LOSS_NAME, FlashReinforcePolicyLoss, policy_loss_from_args
 
@@ -54,20 +57,28 @@ def _policy_trainer_built(trainer) -> None:
 @contextmanager
 def _policy_training_step(trainer, experience):
     """Bind what the loss reads beyond Molt's arguments for this step: the experience (rewards as
-    failure labels) and, for the entropy filter, the entropies of the step's own forward."""
+    failure labels) and, for the entropy filter, the entropies of the step's own forward. Record in
+    the experience's info, which Molt logs, whether the fused head computed the step's log-probs
+    (`metrics.FUSED_HEAD`: 0 until it has)."""
     loss_fn = trainer.actor_loss_fn
     if not isinstance(loss_fn, FlashReinforcePolicyLoss):
         yield
         return
     loss_fn.bound_experience = experience
+    fused_key, rows = metrics.step_key(metrics.FUSED_HEAD), experience.action_mask.shape[0]
+    experience.info[fused_key] = torch.zeros(rows, device=experience.action_mask.device)
 
     def deliver(entropies):
         loss_fn.bound_entropies = entropies
 
+    def fused_head_ran():
+        experience.info[fused_key] = torch.ones(rows, device=experience.action_mask.device)
+
     num_actions = experience.action_mask.shape[1]
     try:
         if trainer.args.flashreinforce.fused_head:
-            with seams.fusing_head(trainer, deliver if loss_fn.config.uses_entropy_filter else None, num_actions):
+            with seams.fusing_head(trainer, deliver if loss_fn.config.uses_entropy_filter else None, num_actions,
+                                   ran=fused_head_ran):
                 yield
         elif loss_fn.config.uses_entropy_filter:
             with seams.capturing_action_entropies(trainer, deliver, num_actions):

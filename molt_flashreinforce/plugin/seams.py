@@ -7,8 +7,9 @@ wrappers of Molt's methods, and the ordered hooks the rest of the plugin registe
                                 `parts` (`RuntimeHooks`), in that order (plugin/ray_hooks.py)
     wrap_trainer(cls)           the same wrappers on a trainer class of one's own (tests)
     wrap_policy_trainer(built, stepping)   the loss owner of each policy actor (plugin/registry.py)
-    fusing_head(trainer, deliver, num_actions)   one training step with the chunked head (fused_head.py)
-                                in the actor's lm_head; `fused_head_refusal` says in one line where it cannot run
+    fusing_head(trainer, deliver, num_actions, ran)   one training step with the chunked head (fused_head.py)
+                                in the actor's lm_head, `ran()` after each forward it served; `fused_head_refusal`
+                                says in one line where it cannot run
 
 `CONTRACT` lists every Molt method wrapped here (its parameters, and the return layout where we
 unpack it), every private attribute, function or source layout read, and the Ray layout we rely
@@ -636,10 +637,11 @@ def fused_head_targets(sequences, attention_mask, packed: bool):
 
 
 @contextmanager
-def fusing_head(trainer, deliver=None, num_actions: int = 0):
+def fusing_head(trainer, deliver=None, num_actions: int = 0, ran=None):
     """The trainer's actor forward for one step with the chunked head (fused_head.py) inside Molt's model:
     the model's lm_head returns the sampled-token log-probs instead of the [S, V] logits, and
-    `deliver`, if given, receives the action span's entropies [B, A] of the same pass.
+    `deliver`, if given, receives the action span's entropies [B, A] of the same pass; `ran`, if
+    given, is called once the forward's log-probs came from the chunked head.
 
     Molt's `_forward_backbone` runs unchanged (packing, the model call); the lm_head module is the
     one called, so FSDP2 gathers its weight (or the tied embedding's) around the chunked forward
@@ -680,6 +682,8 @@ def fusing_head(trainer, deliver=None, num_actions: int = 0):
             output["action_log_probs"] = output["log_probs"][:, -action_mask.shape[1]:] * action_mask.float()
         if deliver is not None:
             deliver(restored(call.entropy)[:, -num_actions:])
+        if ran is not None:
+            ran()
         return output
 
     actor.forward = fused_forward
