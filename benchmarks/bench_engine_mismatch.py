@@ -224,7 +224,8 @@ def main() -> None:
         Path(args.engine_child[1]).write_text(json.dumps(engine_samples(**request)))
         return
     if args.logit_scale <= 0:
-        parser.error(f"--logit-scale {args.logit_scale}: must be > 0 (16 gives the math prompts a mean sampled-token probability of 0.96)")
+        parser.error(f"--logit-scale {args.logit_scale}: must be > 0 (16 gives the math prompts a mean "
+                     "sampled-token probability of 0.96)")
 
     from importlib import metadata
 

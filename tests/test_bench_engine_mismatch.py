@@ -18,7 +18,8 @@ import torch
 from molt_flashreinforce.objective import FlashReinforceConfig
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("bench_engine_mismatch", REPO / "benchmarks" / "bench_engine_mismatch.py")
+_spec = importlib.util.spec_from_file_location("bench_engine_mismatch",
+                                               REPO / "benchmarks" / "bench_engine_mismatch.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
