@@ -37,6 +37,7 @@ SOURCES = {
     "step16k": "experiments/bench_training_step_16384.json",  # the same at 16,384 tokens
     "step16kt": "experiments/bench_training_step_16384_time.json",  # the same, step time at 16,384 tokens
     "rehearsal": "experiments/rehearsal/results.json",  # experiments/rehearsal/collect.py
+    "mismatch": "experiments/benchmarks/engine_mismatch.json",  # benchmarks/bench_engine_mismatch.py
 }
 MARKER = re.compile(r"<!-- (num|code|include):(\S+?) -->(.*?)<!-- /\1 -->", re.DOTALL)
 
