@@ -213,11 +213,12 @@ FAULTS = {
 }
 
 
-def local_rehearsal(workdir: Path, run_dir: Path, *overrides: str, fault: Fault | None = None) -> str:
+def local_rehearsal(workdir: Path, run_dir: Path, *overrides: str, fault: Fault | None = None,
+                    env: dict[str, str] | None = None) -> str:
     command = [sys.executable, "-m", "molt_flashreinforce", *overrides, "rehearsal=cpu", f"hydra.run.dir={run_dir}"]
     out, err = workdir / f"{run_dir.parent.name}.out", workdir / f"{run_dir.parent.name}.err"
     with out.open("w") as stdout, err.open("w") as stderr:
-        process = subprocess.Popen(command, cwd=workdir, stdout=stdout, stderr=stderr, text=True)
+        process = subprocess.Popen(command, cwd=workdir, stdout=stdout, stderr=stderr, text=True, env=env)
         deadline = time.monotonic() + REHEARSAL_TIMEOUT_S
         while process.poll() is None and time.monotonic() < deadline:
             if fault is not None:
@@ -309,9 +310,11 @@ def molt_slurm_rehearsal(slurm, workdir: Path, overrides: list[str], sweep_dir: 
 
 
 @pytest.fixture(scope="module")
-def rehearsals(tmp_path_factory, request):
-    """Each rehearsal runs once, on first use: name -> (run dir, what it printed)."""
+def rehearsals(tmp_path_factory, request, warm_compile_cache):
+    """Each rehearsal runs once, on first use: name -> (run dir, what it printed). vLLM's engines
+    share one compile cache (their log-prob op compiles once)."""
     root = tmp_path_factory.mktemp("rehearsals")
+    compile_cache = {"TORCHINDUCTOR_CACHE_DIR": str(warm_compile_cache)}
     done: dict[str, tuple[Path, str]] = {}
 
     def get(name: str) -> tuple[Path, str]:
@@ -329,12 +332,14 @@ def rehearsals(tmp_path_factory, request):
                     return run_dir
             with EngineWatch(watched) as watch:
                 if how == "local":
-                    done[name] = (run_dir, local_rehearsal(root, run_dir, *overrides, fault=fault))
+                    done[name] = (run_dir, local_rehearsal(root, run_dir, *overrides, fault=fault,
+                                                           env={**os.environ, **compile_cache}))
                 elif how == "sbatch":
-                    done[name] = (run_dir, sbatch_rehearsal(request.getfixturevalue("slurm"), root, nodes, overrides,
-                                                            run_dir, fault=fault))
+                    slurm = {**request.getfixturevalue("slurm"), **compile_cache}
+                    done[name] = (run_dir, sbatch_rehearsal(slurm, root, nodes, overrides, run_dir, fault=fault))
                 else:
-                    done[name] = molt_slurm_rehearsal(request.getfixturevalue("slurm"), root, overrides, root / name)
+                    slurm = {**request.getfixturevalue("slurm"), **compile_cache}
+                    done[name] = molt_slurm_rehearsal(slurm, root, overrides, root / name)
             get.engines[name] = watch.seen
         return done[name]
 
