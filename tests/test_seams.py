@@ -95,6 +95,24 @@ def test_vllms_worker_checks_the_symbols_it_uses_and_only_those(molt_importable,
         seams.check_under(*worker)
 
 
+def test_molt_is_checked_before_the_rehearsal_replaces_its_engine_actor(molt_importable, monkeypatch):
+    """The stand-in engine replaces Molt's RolloutRayActor in the rehearsal's driver; the check of
+    the contract (which the driver runs again later) saw Molt's own class."""
+    import ray
+    from molt.trainer.vllm import vllm_engine
+
+    class Engine:
+        pass
+
+    monkeypatch.setattr(vllm_engine, "RolloutRayActor", vllm_engine.RolloutRayActor)  # restored after the test
+    seams.replace_rollout_actor(ray.remote(Engine))
+    assert vllm_engine.RolloutRayActor.__ray_metadata__.class_name.endswith(".Engine")
+    seams.check()  # passes: checked before the replacement
+    seams._checked.cache_clear()
+    with pytest.raises(seams.MoltDrift, match=r"RolloutRayActor is not the @ray.remote class it was"):
+        seams.check()  # what a check after the replacement would have said
+
+
 def test_a_module_that_needs_a_package_this_process_lacks_is_not_checked_here(monkeypatch):
     """A CPU-only dry run has no vLLM: Molt's trainer modules cannot run there, nor be checked."""
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ModuleNotFoundError

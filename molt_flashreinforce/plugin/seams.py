@@ -832,9 +832,11 @@ def rollout_actor_class() -> type:
 
 
 def replace_rollout_actor(actor) -> None:
-    """Make Molt's `create_vllm_engines` start `actor` (a Ray actor class) for each engine."""
+    """Make Molt's `create_vllm_engines` start `actor` (a Ray actor class) for each engine. Molt is
+    checked first: afterwards this process's `RolloutRayActor` is no longer Molt's."""
     from molt.trainer.vllm import vllm_engine
 
+    check()
     vllm_engine.RolloutRayActor = actor
 
 
