@@ -107,5 +107,21 @@ def test_a_refit_lands_new_weights_on_a_tied_head_and_back(served, tmp_path):
 
     assert refit(llm, group, other) == []  # every engine weight was assigned (the tied head is one with the embedding)
     torch.testing.assert_close(engine_log_probs(llm, PROBE), hf_log_probs(other, PROBE), rtol=0, atol=1e-4)
+    # The refit check's reference: the weights this refit sent, through Hugging Face's forward.
+    (reference,) = llm.collective_rpc("refit_reference", args=(PROBE,))
+    torch.testing.assert_close(torch.tensor(reference), hf_log_probs(other, PROBE), rtol=0, atol=1e-5)
     assert refit(llm, group, first) == []
     torch.testing.assert_close(engine_log_probs(llm, PROBE), hf_log_probs(first, PROBE), rtol=0, atol=1e-4)
+
+
+def test_the_refit_check_stops_a_refit_that_serves_other_or_stale_weights():
+    from molt_flashreinforce.rehearsal.vllm_actor import RefitMismatch, check_refit
+
+    check_refit(1, [-1.0, -2.0], [-1.00002, -2.0], 1e-4, None)  # within float32's precision
+    check_refit(2, [-1.0, -2.0], [-1.0, -2.00003], 1e-4, ([-1.0, -2.0], [-1.0, -2.0]))  # a step too small to tell
+    with pytest.raises(RefitMismatch, match=r"^refit 3: the engine's log-probs on the probe differ from the weights "
+                                            r"sent by up to 0\.3 nats \(tolerance 0\.0001\)"):
+        check_refit(3, [-1.0, -2.0], [-1.0, -2.3], 1e-4, None)
+    with pytest.raises(RefitMismatch, match=r"^refit 4: the weights sent moved the probe's log-probs by up to 0\.5 "
+                                            r"nats and the engine's not at all; the refit landed stale weights$"):
+        check_refit(4, [-1.0, -2.0], [-1.5, -2.0], 1e-4, ([-1.0, -2.0], [-1.0, -2.0]))

@@ -14,6 +14,10 @@ runs (the layer-wise reload in `begin_weight_update` / `end_weight_update`, `loa
   the head's weight (`dispatch_cpu_unquantized_gemm`), and a tied head receives no weight in a
   refit, so the layer-wise reload leaves the old copy ("ParallelLMHead: Failed to load weights")
   and the engine samples from the new body and the old head. GPU builds read the weight itself.
+
+For the refit check (`rehearsal.vllm_actor`), it keeps a copy of the weights each refit sent, and
+`refit_reference(tokens)` returns the log-prob of each token of `tokens` after the ones before it
+under exactly those weights, by Hugging Face's float32 forward of the model's own class.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ class CpuWorkerWrap(seams.worker_wrap_class()):
         seams.use_weight_sync_factory(weight_sync.stateless_init_process_group)
         return super().init_process_group(master_address, master_port, rank_offset, world_size, group_name, backend)
 
+    def begin_weight_update(self):
+        self._sent = {}
+        return super().begin_weight_update()
+
     def update_weights_packed(self, metas):
         from vllm.config import set_current_vllm_config
 
@@ -41,6 +49,7 @@ class CpuWorkerWrap(seams.worker_wrap_class()):
         with set_current_vllm_config(self.vllm_config):
             loaded = self.model_runner.model.load_weights(weights=weights)
         seams.record_loaded_weights(self, loaded)
+        self._sent.update((name, weight.clone()) for name, weight in weights)
         if loaded is not None and len(loaded) == 0 and weights:
             print(f"[refit] WARNING: vLLM loaded 0 of {len(weights)} refit weights in a flush (names unrecognized -> "
                   f"dropped, rollout stays stale); sample sent: {[name for name, _ in weights][:10]}", flush=True)
@@ -48,6 +57,21 @@ class CpuWorkerWrap(seams.worker_wrap_class()):
     def end_weight_update(self):
         super().end_weight_update()
         repack_tied_lm_head(self.model_runner.model, self.model_config)
+
+    def refit_reference(self, tokens: list[int]) -> list[float]:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        if getattr(self, "_reference", None) is None:
+            config = AutoConfig.from_pretrained(self.model_config.model)
+            self._reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        missing, unexpected = self._reference.load_state_dict(self._sent, strict=False)
+        tied = {"lm_head.weight"} if self._reference.config.tie_word_embeddings else set()
+        if unexpected or set(missing) - tied:
+            raise ValueError(f"the refit sent weights the model does not have ({sorted(unexpected)[:3]}) or left out "
+                             f"some of its own ({sorted(set(missing) - tied)[:3]})")
+        with torch.no_grad():
+            logits = self._reference(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
+        return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens[1:])[:, None]).squeeze(1).tolist()
 
 
 def repack_tied_lm_head(model, model_config) -> bool:
