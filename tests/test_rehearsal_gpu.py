@@ -32,7 +32,10 @@ def compose_job(mode: str, *overrides: str):
 def test_same_overrides_as_cpu_but_cuda_attention_and_one_node(tmp_path, experiment, gpus):
     cpu_cfg, gpu_cfg = compose_job("cpu", f"experiment={experiment}"), compose_job("gpu", f"experiment={experiment}")
     as_dict = lambda node: OmegaConf.to_container(node)  # noqa: E731
-    assert as_dict(gpu_cfg.rehearsal) == {**as_dict(cpu_cfg.rehearsal), "mode": "gpu"}  # steps: the experiment's own
+    cpu_only = ("engine", "standin_reason")  # which engine rehearsal=cpu runs; rehearsal=gpu runs vLLM on its GPUs
+    on_cpu_settings = {key: value for key, value in as_dict(cpu_cfg.rehearsal).items() if key not in cpu_only}
+    on_gpu_settings = {key: value for key, value in as_dict(gpu_cfg.rehearsal).items() if key not in cpu_only}
+    assert on_gpu_settings == {**on_cpu_settings, "mode": "gpu"}  # steps: the experiment's own
     on_cpu = rehearsal_overrides(cpu_cfg, tmp_path / "model", tmp_path / "data", 6, layout(cpu_cfg, 1))
     on_gpu = gpu.node_overrides(gpu_cfg, rehearsal_overrides(gpu_cfg, tmp_path / "model", tmp_path / "data", 6,
                                                              layout(gpu_cfg, 1)))
@@ -116,9 +119,15 @@ def test_the_summary_has_vllm_kl_and_the_weight_check_and_no_standin(tmp_path):
     lines = summary.lines()
     assert "  stand-ins: none" in lines and any("weight check landed 1/1" in line for line in lines)
     on_cpu = run.summarize(compose_job("cpu", "experiment=python_tool_qwen2p5_7b"), tmp_path, one_attempt, log, {})
-    assert on_cpu.standins == {**standins.STANDINS, standins.FLOAT32_STANDIN[0]: standins.FLOAT32_STANDIN[1]}
+    assert on_cpu.standins == {**standins.ENGINE_STANDINS["vllm"], **standins.STANDINS,
+                               standins.FLOAT32_STANDIN[0]: standins.FLOAT32_STANDIN[1]}
+    assert on_cpu.real == run.REAL_PARTS + standins.VLLM_REAL_PARTS and on_cpu.engine == "vllm"
+    assert "  rollout engine: vLLM (Molt's RolloutRayActor)" in on_cpu.lines()
+    # The MoE keeps the stand-in engine (its config says why) and its bf16 (rehearsal.float32: false).
     moe = run.summarize(compose_job("cpu", "experiment=moe_lag8_qwen3_30b_a3b"), tmp_path, one_attempt, log, {})
-    assert moe.standins == standins.STANDINS  # rehearsal.float32: false, its bf16 kept
+    assert moe.standins == {**standins.ENGINE_STANDINS["standin"], **standins.STANDINS}
+    assert moe.real == run.REAL_PARTS and moe.engine == "standin"
+    assert "  rollout engine: the HF stand-in (rehearsal.engine.CpuRolloutEngine)" in moe.lines()
 
 
 def test_a_multi_node_allocation_is_refused_in_one_line(tmp_path):

@@ -104,3 +104,36 @@ def test_a_rehearsal_refuses_what_the_real_model_refuses(tmp_path):
     assert done.returncode == 2
     assert "molt.data.max_len=6144 exceeds the model's context of 4096 positions" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_engine_is_vllm_unless_the_experiment_says_why_not(capsys):
+    from molt_flashreinforce.rehearsal.run import check_engine
+
+    assert check_engine(compose_job("experiment=math_qwen2p5_1p5b")) == "vllm"
+    assert capsys.readouterr().out == ""
+    assert check_engine(compose_job("experiment=moe_lag8_qwen3_30b_a3b")) == "standin"
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line == ("rehearsal.engine=standin: the rollout engine is the package's HF stand-in, not vLLM: "
+                    "vLLM's CPU MoE path drifts after a refit (being investigated), so the MoE rehearsal keeps the "
+                    "stand-in engine")
+    check_engine(compose_job("experiment=math_qwen2p5_1p5b", "rehearsal.engine=standin"))
+    assert capsys.readouterr().out.splitlines() == [
+        "rehearsal.engine=standin: the rollout engine is the package's HF stand-in, not vLLM: chosen in the "
+        "rehearsal's config or on the command line"]
+
+
+def test_an_engine_that_cannot_run_is_refused_in_one_line_before_any_work(tmp_path, monkeypatch):
+    from molt_flashreinforce.evaluation import engine as evaluation_engine
+    from molt_flashreinforce.rehearsal.run import run_rehearsal
+
+    with pytest.raises(LaunchError) as unknown:
+        run_rehearsal(compose_job("experiment=math_qwen2p5_1p5b", "rehearsal.engine=hf"), tmp_path / "run")
+    assert str(unknown.value) == ("rehearsal.engine=hf: use rehearsal.engine=vllm (Molt's engine actor on vLLM's CPU "
+                                  "build) or rehearsal.engine=standin (the package's HF stand-in)")
+    monkeypatch.setattr(evaluation_engine, "vllm_version", lambda: None)  # as where scripts/setup_vllm.sh never ran
+    with pytest.raises(LaunchError) as absent:
+        run_rehearsal(compose_job("experiment=math_qwen2p5_1p5b"), tmp_path / "run")
+    assert str(absent.value) == ("rehearsal.engine=vllm needs vLLM's CPU build, which is not installed: run "
+                                 "`bash scripts/setup_vllm.sh`, or rehearse with the stand-in engine "
+                                 "(rehearsal.engine=standin)")
+    assert not (tmp_path / "run").exists()  # nothing was built

@@ -3,8 +3,11 @@ on as many nodes as its placement spreads over.
 
 Each test runs the real command line: Molt's unmodified `train(args)` with its actors, queue,
 router, FSDP2 actor, refits and checkpointing, this plugin in every worker, and the experiment's
-own agent file, data format and reward. Only the stand-ins listed by `rehearsal.standins.standins`
-replace what this CPU cannot run (vLLM's engine, NCCL, CUDA).
+own agent file, data format and reward, and vLLM's engine through Molt's own actor on vLLM's CPU
+build (`rehearsal.engine=vllm`; the MoE keeps the stand-in engine, as its config says why). Only the
+stand-ins listed by `rehearsal.standins.standins` replace what this CPU cannot run (NCCL, CUDA, the
+engine's CUDA transport and settings); `check_engine_processes` holds each rehearsal to the engine
+processes that were alive during its steps.
 
 The experiments whose placement has more than one node run on the local SLURM cluster of
 `conftest.slurm` (four slurmd on this host), through `launchers/slurm_job.sbatch` (math, ALFWorld)
@@ -23,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,7 +47,7 @@ from molt_flashreinforce.cluster.progress import PROGRESS_DIR_VARIABLE, STEP_FIL
 from molt_flashreinforce.launch.render import EXPORTS_SUBDIR
 from molt_flashreinforce.rehearsal.lag_check import lag_curve, lag_target_problems
 from molt_flashreinforce.rehearsal.run import SUMMARY_NAME, WORK_SUBDIR
-from molt_flashreinforce.rehearsal.standins import FLOAT32_STANDIN, standins
+from molt_flashreinforce.rehearsal.standins import FLOAT32_STANDIN, VLLM_REAL_PARTS, standins
 from molt_flashreinforce.report.events import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -76,20 +80,73 @@ def _environ(process: psutil.Process) -> dict[str, str]:
         return {}
 
 
-def engines_of(run_dir: Path) -> list[psutil.Process]:
-    """The CPU engines of the rehearsal in `run_dir`: Ray workers carry the run's progress directory."""
+# The rollout engine's processes, by what their command line starts with: vLLM's engine is Molt's
+# actor (a Ray worker), its EngineCore and its Worker (vLLM titles both); the stand-in one actor.
+ENGINE_PROCESSES = {"vllm": ("ray::RolloutRayActor", "VLLM::EngineCore", "VLLM::Worker"),
+                    "standin": ("ray::CpuRolloutEngine",)}
+ENGINE_ACTOR = {"vllm": "RolloutRayActor", "standin": "CpuRolloutEngine"}
+
+
+def engine_of(name: str) -> str:
+    """rehearsal.engine of rehearsal `name`: the MoE keeps the stand-in (its experiment's config)."""
+    return "standin" if name == "moe" else "vllm"
+
+
+def engines_of(run_dir: Path) -> list[tuple[str, psutil.Process]]:
+    """(kind, process) for each rollout-engine process of the rehearsal in `run_dir` (kind: a prefix
+    of ENGINE_PROCESSES): Ray workers, and the processes vLLM starts from them, carry the run's
+    progress directory."""
     progress = str(run_dir / PROGRESS_SUBDIR)
-    return [process for process in psutil.process_iter(["cmdline"])
-            if "CpuRolloutEngine" in " ".join(process.info["cmdline"] or [])
-            and _environ(process).get(PROGRESS_DIR_VARIABLE) == progress]
+    kinds = [kind for kinds in ENGINE_PROCESSES.values() for kind in kinds]
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        kind = next((kind for kind in kinds if command.startswith(kind)), None)
+        if kind is not None and _environ(process).get(PROGRESS_DIR_VARIABLE) == progress:
+            found.append((kind, process))
+    return found
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class EngineWatch:
+    """Which rollout-engine processes were alive while each optimizer step was reported: a thread
+    that looks once a second while a rehearsal runs (`run_dir()` is None until its directory exists)."""
+
+    def __init__(self, run_dir: Callable[[], Path | None]) -> None:
+        self.run_dir, self.seen = run_dir, {}  # step -> the kinds alive at some look during it
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(1.0):
+            run_dir = self.run_dir()
+            reported = read_json(run_dir / PROGRESS_SUBDIR / STEP_FILE) if run_dir is not None else None
+            if reported:
+                alive = {kind for kind, process in engines_of(run_dir) if _running(process)}
+                self.seen.setdefault(reported["step"], set()).update(alive)
+
+    def __enter__(self) -> "EngineWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def signal_engines(signum: int) -> Callable[[Path, str | None], list[int]]:
+    """Strike every process of the rollout engine: vLLM's EngineCore and Worker with Molt's actor."""
     def strike(run_dir: Path, job: str | None) -> list[int]:
         hit = engines_of(run_dir)
-        for engine in hit:
+        for _, engine in hit:
             engine.send_signal(signum)
-        return [engine.pid for engine in hit]
+        return [engine.pid for _, engine in hit]
 
     return strike
 
@@ -146,7 +203,7 @@ FAULT_TESTS = os.environ.get("MOLT_FLASHREINFORCE_FAULT_TESTS") == "1"
 fault_battery = pytest.mark.skipif(not FAULT_TESTS, reason="the fault battery: set MOLT_FLASHREINFORCE_FAULT_TESTS=1")
 STALL_TIMEOUT_S = 30
 FAULTS = {
-    "r1": (lambda: Fault("the rollout engine killed (SIGKILL)", signal_engines(signal.SIGKILL), "CpuRolloutEngine"),
+    "r1": (lambda: Fault("the rollout engine killed (SIGKILL)", signal_engines(signal.SIGKILL), "actor RolloutRayActor died"),
            ["rehearsal.save_steps=2"]),
     "math_grpo": (lambda: Fault("the rollout engine stopped (SIGSTOP): a stall", signal_engines(signal.SIGSTOP),
                                 "stalled: no optimizer step and no finished rollout"),
@@ -156,11 +213,12 @@ FAULTS = {
 }
 
 
-def local_rehearsal(workdir: Path, run_dir: Path, *overrides: str, fault: Fault | None = None) -> str:
+def local_rehearsal(workdir: Path, run_dir: Path, *overrides: str, fault: Fault | None = None,
+                    env: dict[str, str] | None = None) -> str:
     command = [sys.executable, "-m", "molt_flashreinforce", *overrides, "rehearsal=cpu", f"hydra.run.dir={run_dir}"]
     out, err = workdir / f"{run_dir.parent.name}.out", workdir / f"{run_dir.parent.name}.err"
     with out.open("w") as stdout, err.open("w") as stderr:
-        process = subprocess.Popen(command, cwd=workdir, stdout=stdout, stderr=stderr, text=True)
+        process = subprocess.Popen(command, cwd=workdir, stdout=stdout, stderr=stderr, text=True, env=env)
         deadline = time.monotonic() + REHEARSAL_TIMEOUT_S
         while process.poll() is None and time.monotonic() < deadline:
             if fault is not None:
@@ -252,9 +310,11 @@ def molt_slurm_rehearsal(slurm, workdir: Path, overrides: list[str], sweep_dir: 
 
 
 @pytest.fixture(scope="module")
-def rehearsals(tmp_path_factory, request):
-    """Each rehearsal runs once, on first use: name -> (run dir, what it printed)."""
+def rehearsals(tmp_path_factory, request, warm_compile_cache):
+    """Each rehearsal runs once, on first use: name -> (run dir, what it printed). vLLM's engines
+    share one compile cache (their log-prob op compiles once)."""
     root = tmp_path_factory.mktemp("rehearsals")
+    compile_cache = {"TORCHINDUCTOR_CACHE_DIR": str(warm_compile_cache)}
     done: dict[str, tuple[Path, str]] = {}
 
     def get(name: str) -> tuple[Path, str]:
@@ -264,16 +324,27 @@ def rehearsals(tmp_path_factory, request):
             fault = get.faults[name] = make_fault()
             overrides = [*overrides, *fault_overrides]
             run_dir = root / name / "first"
-            if how == "local":
-                done[name] = (run_dir, local_rehearsal(root, run_dir, *overrides, fault=fault))
-            elif how == "sbatch":
-                done[name] = (run_dir, sbatch_rehearsal(request.getfixturevalue("slurm"), root, nodes, overrides, run_dir,
-                                                        fault=fault))
+            if how == "molt_slurm":  # the sweep's job directory is named when the job starts
+                def watched() -> Path | None:
+                    return next((d for d in (root / name).glob("[0-9]*") if d.is_dir()), None)
             else:
-                done[name] = molt_slurm_rehearsal(request.getfixturevalue("slurm"), root, overrides, root / name)
+                def watched() -> Path | None:
+                    return run_dir
+            with EngineWatch(watched) as watch:
+                if how == "local":
+                    done[name] = (run_dir, local_rehearsal(root, run_dir, *overrides, fault=fault,
+                                                           env={**os.environ, **compile_cache}))
+                elif how == "sbatch":
+                    slurm = {**request.getfixturevalue("slurm"), **compile_cache}
+                    done[name] = (run_dir, sbatch_rehearsal(slurm, root, nodes, overrides, run_dir, fault=fault))
+                else:
+                    slurm = {**request.getfixturevalue("slurm"), **compile_cache}
+                    done[name] = molt_slurm_rehearsal(slurm, root, overrides, root / name)
+            get.engines[name] = watch.seen
         return done[name]
 
     get.faults = {}  # name -> the Fault its rehearsal survived (None: none)
+    get.engines = {}  # name -> step -> the rollout-engine processes alive during it (EngineWatch)
     return get
 
 
@@ -281,8 +352,18 @@ def summary_of(run_dir: Path) -> dict:
     return json.loads((run_dir / WORK_SUBDIR / SUMMARY_NAME).read_text())
 
 
+def check_engine_processes(name: str, stdout: str, seen: dict[int, set[str]], steps: int) -> None:
+    """The rehearsal ran the engine its config names: with vLLM, Molt's actor, vLLM's EngineCore and
+    its Worker were all alive during every step (the last one's may end before a look); with the
+    stand-in, its actor, and the rehearsal said why at start-up."""
+    engine = engine_of(name)
+    expected = set(ENGINE_PROCESSES[engine])
+    assert {step for step, alive in seen.items() if alive >= expected} >= set(range(1, steps)), (engine, seen)
+    assert ("rehearsal.engine=standin: the rollout engine is the package's HF stand-in" in stdout) == (engine == "standin")
+
+
 def check_rehearsal(name: str, run_dir: Path, stdout: str, steps: int, min_lag: int, sampled_log_probs: bool = True,
-                    fault: Fault | None = None) -> dict:
+                    fault: Fault | None = None, engines: dict[int, set[str]] | None = None) -> dict:
     """What every rehearsal shows, a recovered one too: after a fault, TensorBoard keeps one value
     per step (the latest write of a step run twice), so the counts below are an uninterrupted run's."""
     per_step = PER_STEP.get(name, TRAJECTORIES_PER_STEP)
@@ -315,9 +396,13 @@ def check_rehearsal(name: str, run_dir: Path, stdout: str, steps: int, min_lag: 
     # rehearsal.export_steps [2]: Molt's own HF export of step 2, kept outside its checkpoint rotation.
     exported = run_dir / EXPORTS_SUBDIR / "step_2"
     assert (exported / "config.json").is_file() and list(exported.glob("*.safetensors")), sorted(run_dir.rglob("*"))[:50]
-    for standin in standins(float32=name != "moe"):  # the MoE keeps its bf16 (rehearsal.float32)
+    assert set(summary["standins"]) == set(standins(float32=name != "moe", engine=engine_of(name)))
+    for standin in summary["standins"]:  # the MoE keeps its bf16 (rehearsal.float32)
         assert standin in stdout
     assert (FLOAT32_STANDIN[0] in stdout) == (name != "moe")
+    assert (VLLM_REAL_PARTS[0] in summary["real"]) == (engine_of(name) == "vllm")
+    if engines is not None and fault is None:  # a fault ends the engines it strikes
+        check_engine_processes(name, stdout, engines, steps)
     check_placement(name, summary, stdout)
     if fault is not None:
         check_recovery(run_dir, stdout, fault, steps)
@@ -368,14 +453,15 @@ def check_placement(name: str, summary: dict, stdout: str) -> None:
     nodes = REHEARSALS[name][2]
     by_node = summary["actors_by_node"]
     with_actor = {node for node, actors in by_node.items() if "PolicyModelActor" in actors}
-    with_engine = {node for node, actors in by_node.items() if "CpuRolloutEngine" in actors}
+    engine = ENGINE_ACTOR[engine_of(name)]
+    with_engine = {node for node, actors in by_node.items() if engine in actors}
     assert summary["ray_nodes"] == len(by_node) == nodes
     assert f"ran on {nodes} Ray node(s): " in stdout
     assert len(with_actor) == actor_nodes and len(with_engine) == engine_nodes
     if nodes > 1:
         assert with_actor.isdisjoint(with_engine)
         assert all(by_node[node]["PolicyModelActor"] == 1 for node in with_actor)  # one rank per node
-        assert all(by_node[node]["CpuRolloutEngine"] == 1 for node in with_engine)
+        assert all(by_node[node][engine] == 1 for node in with_engine)
     else:
         assert by_node[next(iter(with_actor))]["PolicyModelActor"] == (2 if name == "moe" else 1)
 
@@ -393,7 +479,8 @@ def check_node_logs(run_dir: Path, nodes: int) -> None:
 @pytest.mark.parametrize("name, min_lag", [("math", 1), ("tool", 1), ("r1", 1), ("alfworld", 1)])
 def test_flashreinforce_rehearsal(rehearsals, name, min_lag):
     run_dir, stdout = rehearsals(name)
-    scalars = check_rehearsal(name, run_dir, stdout, steps=4, min_lag=min_lag, fault=rehearsals.faults[name])
+    scalars = check_rehearsal(name, run_dir, stdout, steps=4, min_lag=min_lag, fault=rehearsals.faults[name],
+                              engines=rehearsals.engines[name])
     # Molt's eval at step 0 logs every benchmark under the name the experiment's data recipe gives it,
     # the name the report reads (the tool's is off: rehearsal.eval_at_start).
     experiment = REHEARSALS[name][0][0].removeprefix("experiment=")
@@ -412,7 +499,7 @@ def test_flashreinforce_rehearsal(rehearsals, name, min_lag):
                     reason="the 4-node MoE rehearsal: set MOLT_FLASHREINFORCE_MOE_REHEARSAL=1")
 def test_moe_rehearsal_spreads_expert_parallelism_over_nodes_and_holds_the_lag_at_8(rehearsals):
     run_dir, stdout = rehearsals("moe")
-    check_rehearsal("moe", run_dir, stdout, steps=14, min_lag=7)
+    check_rehearsal("moe", run_dir, stdout, steps=14, min_lag=7, engines=rehearsals.engines["moe"])
     curve = lag_curve(run_dir)
     print("MoE lag (step: mean/max):", " ".join(f"{p.step}:{p.mean:g}/{p.max:g}" for p in curve))
     assert lag_target_problems(curve, bound=8) == []  # from step 10 on, mean in [7, 9]; max never above 9
@@ -422,12 +509,15 @@ def test_moe_rehearsal_spreads_expert_parallelism_over_nodes_and_holds_the_lag_a
 def test_grpo_rehearsal(rehearsals):
     run_dir, stdout = rehearsals("math_grpo")
     scalars = check_rehearsal("math_grpo", run_dir, stdout, steps=4, min_lag=1, sampled_log_probs=False,  # GRPO: IS off
-                              fault=rehearsals.faults["math_grpo"])
+                              fault=rehearsals.faults["math_grpo"], engines=rehearsals.engines["math_grpo"])
     if rehearsals.faults["math_grpo"] is not None:
-        # The stall's stacks: py-spy's dump of every process of the run, the stopped engine's included.
+        # The stall's stacks: py-spy's dump of every process of the run, the stopped engine's included
+        # (Molt's actor, vLLM's EngineCore and its Worker; each dump starts with the process's command).
         (stacks,) = (run_dir / STACKS_SUBDIR).iterdir()
-        engine_dumps = [dump.read_text(errors="replace") for dump in (stacks / "head").glob("*CpuRolloutEngine*")]
-        assert engine_dumps and all("Thread" in dump for dump in engine_dumps)
+        dumps = [dump.read_text(errors="replace") for dump in (stacks / "head").glob("*.txt")]
+        engine_dumps = {kind: [dump for dump in dumps if dump.startswith(f"# {kind}")] for kind in ENGINE_PROCESSES["vllm"]}
+        assert all(engine_dumps.values()) and all("Thread" in dump for found in engine_dumps.values() for dump in found), \
+            {kind: len(found) for kind, found in engine_dumps.items()}
     assert metrics.ACCEPTANCE_RATE not in scalars  # stock Molt GRPO: no trust region of ours
 
 

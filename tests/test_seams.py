@@ -28,8 +28,10 @@ def molt_importable(monkeypatch):
     if importlib.util.find_spec("vllm") is None:
         monkeypatch.syspath_prepend(str(VLLM_STANDIN))
     seams._checked.cache_clear()  # every case checks afresh
+    seams.check_under.cache_clear()
     yield
     seams._checked.cache_clear()
+    seams.check_under.cache_clear()
 
 
 def tampered(*args, **kwargs):
@@ -74,6 +76,41 @@ def test_each_checked_symbol_tampered_stops_in_one_line_naming_it(seam, molt_imp
     line = str(drift.value)
     assert "\n" not in line
     assert line.startswith(f"Molt's {seam.path} ") and "as in molt-rl 0.2.1; install a tested molt-rl" in line
+
+
+def test_vllms_worker_checks_the_symbols_it_uses_and_only_those(molt_importable, monkeypatch, tmp_path):
+    """The rehearsal's vLLM worker extension checks WorkerWrap's seams without importing Molt's trainer."""
+    worker = ("molt.trainer.vllm.vllm_worker_wrap.", "molt.utils.distributed_util.")
+    used = [seam for seam in seams.CONTRACT if seam.path.startswith(worker)]
+    assert {seam.path.rpartition(".")[2] for seam in used} >= {"update_weights_packed", "init_process_group",
+                                                                "stateless_init_process_group"}
+    with monkeypatch.context() as tampering:
+        tamper(next(seam for seam in seams.CONTRACT if seam.path.endswith(".PolicyTrainer.training_step")),
+               tampering, tmp_path)
+        seams.check_under(*worker)  # a trainer symbol is not the worker's business
+    receive = next(seam for seam in used if seam.path.endswith(".update_weights_packed"))
+    tamper(receive, monkeypatch, tmp_path)
+    seams.check_under.cache_clear()  # a process checks once
+    with pytest.raises(seams.MoltDrift, match=r"^Molt's molt\.trainer\.vllm\.vllm_worker_wrap\.WorkerWrap\.update_weights_packed "):
+        seams.check_under(*worker)
+
+
+def test_molt_is_checked_before_the_rehearsal_replaces_its_engine_actor(molt_importable, monkeypatch):
+    """The stand-in engine replaces Molt's RolloutRayActor in the rehearsal's driver; the check of
+    the contract (which the driver runs again later) saw Molt's own class."""
+    import ray
+    from molt.trainer.vllm import vllm_engine
+
+    class Engine:
+        pass
+
+    monkeypatch.setattr(vllm_engine, "RolloutRayActor", vllm_engine.RolloutRayActor)  # restored after the test
+    seams.replace_rollout_actor(ray.remote(Engine))
+    assert vllm_engine.RolloutRayActor.__ray_metadata__.class_name.endswith(".Engine")
+    seams.check()  # passes: checked before the replacement
+    seams._checked.cache_clear()
+    with pytest.raises(seams.MoltDrift, match=r"RolloutRayActor is not the @ray.remote class it was"):
+        seams.check()  # what a check after the replacement would have said
 
 
 def test_a_module_that_needs_a_package_this_process_lacks_is_not_checked_here(monkeypatch):

@@ -53,6 +53,7 @@ def main(run_dirs: list[str], note: str = "") -> None:
             "experiment", "algo", "steps", "resumed_from_step", "policy_lag_mean", "policy_lag_max",
             "versions_mixed_fraction", "acceptance_rate", "reward_mean", "vllm_kl_first_step", "ray_nodes",
             "actors_by_node", "phases_s")}
+            | {"engine": summary.get("engine", "standin")}  # summaries from before rehearsal.engine: the stand-in
             | {"weight_checks_landed": sum("landed on every" in line for line in summary["weight_checks"]),
                "weight_checks": len(summary["weight_checks"]),
                "wall_s": round(sum(summary["phases_s"].values()), 1)})
@@ -64,20 +65,21 @@ def main(run_dirs: list[str], note: str = "") -> None:
         def hosting(actor):
             return ", ".join(node for node, actors in row["actors_by_node"].items() if actor in actors)
 
-        return f"{row['ray_nodes']}: {hosting('PolicyModelActor')} / {hosting('CpuRolloutEngine')}"
+        engine_actor = "CpuRolloutEngine" if row["engine"] == "standin" else "RolloutRayActor"
+        return f"{row['ray_nodes']}: {hosting('PolicyModelActor')} / {hosting(engine_actor)}"
 
     def fmt(value):
         return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
     lines = [f"Measured on {machine}{f', {note}' if note else ''} (`python experiments/rehearsal/collect.py` "
              "over the run directories).", "",
-             "| experiment | algo | steps | lag mean / max | spanning a refit | acceptance | reward | vllm_kl step 1 "
+             "| experiment | algo | engine | steps | lag mean / max | spanning a refit | acceptance | reward | vllm_kl step 1 "
              "| refits checked | Ray nodes: policy actor / engine nodes | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         steps = f"{row['steps']}" + (f" (resumed at {row['resumed_from_step']})" if row["resumed_from_step"] else "")
         lines.append(
-            f"| {row['experiment']} | {row['algo']} | {steps} | {fmt(row['policy_lag_mean'])} / {fmt(row['policy_lag_max'])} "
+            f"| {row['experiment']} | {row['algo']} | {row['engine']} | {steps} | {fmt(row['policy_lag_mean'])} / {fmt(row['policy_lag_max'])} "
             f"| {fmt(row['versions_mixed_fraction'])} "
             f"| {fmt(row['acceptance_rate'])} | {fmt(row['reward_mean'])} | {fmt(row['vllm_kl_first_step'])} "
             f"| {row['weight_checks_landed']}/{row['weight_checks']} | {split(row)} | {row['wall_s']} |"

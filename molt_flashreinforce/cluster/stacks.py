@@ -37,7 +37,8 @@ def dump(processes: list[psutil.Process], out_dir: Path) -> list[Path]:
         except psutil.Error:
             continue
         command = " ".join(argv)
-        if not (name.startswith("ray::") or Path(argv[0] if argv else "").name.startswith("python")):
+        titled = name.startswith(("ray::", "VLLM::"))  # Ray's workers; vLLM's EngineCore and Worker processes
+        if not (titled or Path(argv[0] if argv else "").name.startswith("python")):
             continue  # raylet, gcs_server, shells: no Python stack to read
         if py_spy is None:
             text = "py-spy is not installed (pip install py-spy)\n"

@@ -61,6 +61,18 @@ class Seam:
 _SG = "molt.trainer.rollout.samples_generator"
 _RL = "molt.trainer.rl_trainer"
 _EXPERIENCE = "List[molt.trainer.algorithm.experience.Experience]"
+_VLLM = "molt.trainer.vllm"
+# WorkerWrap.update_weights_packed as tested: its receive (a CUDA buffer on the current stream),
+# then what rehearsal/vllm_worker.py repeats after receiving on the CPU.
+WORKER_RECEIVE = ('buf = torch.empty(sum(sizes), dtype=torch.uint8, device="cuda") '
+                  'self._model_update_group.broadcast(buf, src=0, stream=torch.cuda.current_stream())')
+WORKER_LOAD = (
+    "sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape in metas]",
+    "weights = [ (name, part.view(dtype).view(*shape)) for (name, dtype, shape), part in zip(metas, buf.split(sizes)) ]",
+    "with set_current_vllm_config(self.vllm_config): loaded = self.model_runner.model.load_weights(weights=weights)",
+    'if getattr(self, "_weight_update_loaded", None) is not None and loaded: self._weight_update_loaded.update(loaded)',
+    "if loaded is not None and len(loaded) == 0 and weights:",
+)
 CONTRACT: tuple[Seam, ...] = (
     # The generator: carry-over, the lag probe and bound, progress (plugin/carryover.py, policy_lag.py,
     # lag_bound.py, progress.py).
@@ -137,6 +149,26 @@ CONTRACT: tuple[Seam, ...] = (
     Seam("molt.trainer.fsdp.checkpoint.CheckpointManager._resolve_ckpt_load_dir", "(self, ckpt_path)"),
     # Ray's own handler, which a worker of a supervised run must not install (plugin/progress.py).
     Seam("ray._private.utils.set_sigterm_handler", "(sigterm_handler)"),
+    # vLLM's engine actor and its worker extension, run for real by the CPU rehearsal
+    # (rehearsal/vllm_actor.py, rehearsal/vllm_worker.py): the actor is subclassed to name another
+    # worker extension; the extension keeps WorkerWrap's bookkeeping and replaces only the receive
+    # buffer (CUDA there) and the communicator factory (PyNccl there).
+    Seam(f"{_VLLM}.vllm_engine.RolloutRayActor", ray_actor=True),
+    Seam(f"{_VLLM}.vllm_engine.RolloutRayActor.__init__", "(self, *args, bundle_indices=None, **kwargs)",
+         contains=("self.kwargs = kwargs",
+                   "engine_args = vllm.AsyncEngineArgs(*args, **_filter_vllm_engine_kwargs(self.kwargs))")),
+    Seam(f"{_VLLM}.vllm_engine.create_vllm_engines",
+         contains=('"worker_extension_cls": "molt.trainer.vllm.vllm_worker_wrap.WorkerWrap",',)),
+    Seam(f"{_VLLM}.vllm_worker_wrap.WorkerWrap", assigns=("_model_update_group", "_weight_update_loaded")),
+    Seam(f"{_VLLM}.vllm_worker_wrap.WorkerWrap.init_process_group",
+         "(self, master_address, master_port, rank_offset, world_size, group_name, backend='nccl')",
+         contains=("from molt.utils.distributed_util import stateless_init_process_group",
+                   "self._model_update_group = stateless_init_process_group(")),
+    Seam(f"{_VLLM}.vllm_worker_wrap.WorkerWrap.update_weights_packed", "(self, metas)",
+         contains=(WORKER_RECEIVE, *WORKER_LOAD)),
+    Seam(f"{_VLLM}.vllm_worker_wrap.WorkerWrap.end_weight_update", "(self)"),
+    Seam("molt.utils.distributed_util.stateless_init_process_group",
+         "(master_address, master_port, rank, world_size, device)"),
 )
 
 
@@ -286,20 +318,31 @@ def problem(seam: Seam) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def _checked() -> None:
+def _stop_at_drift(checked) -> None:
     check_molt_version()
-    for seam in CONTRACT:
+    for seam in checked:
         found = problem(seam)
         if found:
             raise MoltDrift(f"Molt's {seam.path} {found}: molt-flashreinforce relies on it as in {tested_versions()}; "
                             f"install a tested molt-rl")
 
 
+@functools.lru_cache(maxsize=1)
+def _checked() -> None:
+    _stop_at_drift(CONTRACT)
+
+
 def check() -> None:
     """Raise `UnsupportedMolt` (an untested version) or `MoltDrift` (a symbol not as tested), in one
     line; a process that passed once is not checked again."""
     _checked()
+
+
+@functools.lru_cache(maxsize=None)
+def check_under(*prefixes: str) -> None:
+    """`check()` for the symbols under these dotted prefixes only: for a process that uses nothing
+    else of Molt (vLLM's worker, which need not import Molt's trainer)."""
+    _stop_at_drift([seam for seam in CONTRACT if seam.path.startswith(prefixes)])
 
 
 # -- the runtime: each Molt method wrapped once, calling the hooks in order ----------------------
@@ -782,3 +825,47 @@ def keep_ray_from_handling_sigterm() -> None:
     import ray._private.utils
 
     ray._private.utils.set_sigterm_handler = lambda handler: None
+
+
+def rollout_actor_class() -> type:
+    """The class `@ray.remote` captured for Molt's vLLM engine actor (`RolloutRayActor`)."""
+    from molt.trainer.vllm import vllm_engine
+
+    check()
+    return _captured(vllm_engine.RolloutRayActor)
+
+
+def replace_rollout_actor(actor) -> None:
+    """Make Molt's `create_vllm_engines` start `actor` (a Ray actor class) for each engine. Molt is
+    checked first: afterwards this process's `RolloutRayActor` is no longer Molt's."""
+    from molt.trainer.vllm import vllm_engine
+
+    check()
+    vllm_engine.RolloutRayActor = actor
+
+
+def worker_wrap_class() -> type:
+    """Molt's vLLM worker extension (`WorkerWrap`: weight sync and its bookkeeping)."""
+    from molt.trainer.vllm.vllm_worker_wrap import WorkerWrap
+
+    check_under(f"{_VLLM}.vllm_worker_wrap.", "molt.utils.distributed_util.")
+    return WorkerWrap
+
+
+def use_weight_sync_factory(factory) -> None:
+    """Make `WorkerWrap.init_process_group` build its group with `factory` (the signature of Molt's
+    `distributed_util.stateless_init_process_group`), in this process."""
+    from molt.utils import distributed_util
+
+    distributed_util.stateless_init_process_group = factory
+
+
+def model_update_group(worker):
+    """The weight-sync group `WorkerWrap.init_process_group` gave `worker`."""
+    return worker._model_update_group
+
+
+def record_loaded_weights(worker, loaded) -> None:
+    """`WorkerWrap`'s bookkeeping of what `load_weights` assigned, for `weight_update_missing`."""
+    if getattr(worker, "_weight_update_loaded", None) is not None and loaded:
+        worker._weight_update_loaded.update(loaded)

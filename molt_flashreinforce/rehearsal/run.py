@@ -79,6 +79,7 @@ class Summary:
     resumed_from_step: int
     standins: dict[str, str]
     real: list[str]
+    engine: str = "vllm"  # the rollout engine: vllm (vLLM's CPU build, or vLLM on the GPUs) or standin
     ray_nodes: int | None = None  # Ray nodes that hosted the run's actors
     actors_by_node: dict[str, dict[str, int]] = field(default_factory=dict)
     phases_s: dict[str, float] = field(default_factory=dict)
@@ -105,6 +106,7 @@ class Summary:
             f"  ran on {fmt(self.ray_nodes)} Ray node(s): " + "; ".join(
                 f"{node}: " + ", ".join(f"{name} x{count}" for name, count in actors.items())
                 for node, actors in self.actors_by_node.items()),
+            f"  rollout engine: {ENGINE_NAMES[self.engine]}",
             "  ran for real: " + ", ".join(self.real),
             "  stand-ins: " + ("; ".join(f"{name} ({what})" for name, what in self.standins.items()) or "none"),
             "  wall time: " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.phases_s.items()),
@@ -112,6 +114,7 @@ class Summary:
         return out
 
 
+ENGINE_NAMES = {"vllm": "vLLM (Molt's RolloutRayActor)", "standin": "the HF stand-in (rehearsal.engine.CpuRolloutEngine)"}
 REAL_PARTS = [
     "Molt's driver train(args) and its validation",
     "RLTrainer, GenerateSamplesActor, TrainingActor (async queue, partial rollout, refit)",
@@ -237,7 +240,7 @@ def summarize(cfg: DictConfig, run_dir: Path, history, log: str, phases: dict[st
     from molt_flashreinforce.cluster import actor_map
     from molt_flashreinforce.launch.job import ACTOR_MAP_NAME
     from molt_flashreinforce.rehearsal import gpu
-    from molt_flashreinforce.rehearsal.standins import standins
+    from molt_flashreinforce.rehearsal.standins import VLLM_REAL_PARTS, standins
     from molt_flashreinforce.report.events import read_scalars
 
     scalars = read_scalars(run_dir / "tensorboard")
@@ -261,8 +264,10 @@ def summarize(cfg: DictConfig, run_dir: Path, history, log: str, phases: dict[st
         vllm_kl_first_step=kl[0] if kl else None,
         weight_checks=[match.group(1).strip() for match in _WEIGHT_CHECK.finditer(log)],
         resumed_from_step=resumed_from,
-        standins={} if cfg.rehearsal.mode == "gpu" else standins(bool(cfg.rehearsal.float32)),
-        real=list(REAL_PARTS) + (gpu.REAL_PARTS if cfg.rehearsal.mode == "gpu" else []),
+        standins={} if cfg.rehearsal.mode == "gpu" else standins(bool(cfg.rehearsal.float32), str(cfg.rehearsal.engine)),
+        real=list(REAL_PARTS) + (gpu.REAL_PARTS if cfg.rehearsal.mode == "gpu" else
+                                 VLLM_REAL_PARTS if cfg.rehearsal.engine == "vllm" else []),
+        engine="vllm" if cfg.rehearsal.mode == "gpu" else str(cfg.rehearsal.engine),
         ray_nodes=len(placed) if placed else None,
         actors_by_node=placed or {},
         phases_s=phases,
@@ -294,13 +299,35 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _prepare_standin_launch(job, spread: Layout, float32: bool) -> str:
-    """rehearsal=cpu: the stand-ins' environment (logical GPUs, the vLLM stand-in, float32); the driver module."""
-    from molt_flashreinforce.rehearsal.standins import FLOAT32_VARIABLE
+def _prepare_standin_launch(job, spread: Layout, float32: bool, engine: str, work: Path) -> str:
+    """rehearsal=cpu: the stand-ins' environment (logical GPUs, the rollout engine, float32, vLLM's
+    caches in the run unless a compile cache is given); the driver module."""
+    from molt_flashreinforce.rehearsal.standins import ENGINE_VARIABLE, FLOAT32_VARIABLE
 
-    job.command.env.update(_child_env({LOGICAL_GPUS_VARIABLE: str(spread.gpus_per_node),
-                                       FLOAT32_VARIABLE: "1" if float32 else "0"}))
+    job.command.env.update(_child_env({
+        LOGICAL_GPUS_VARIABLE: str(spread.gpus_per_node), FLOAT32_VARIABLE: "1" if float32 else "0",
+        ENGINE_VARIABLE: engine, "VLLM_CACHE_ROOT": str(work / "vllm_cache"),
+        "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(work / "inductor_cache")}))
     return DRIVER_MODULE
+
+
+def check_engine(cfg: DictConfig, say_why: bool = True) -> str:
+    """rehearsal.engine of a CPU rehearsal, refused in one line when it cannot run; with `say_why`,
+    one line saying why when it is the stand-in."""
+    from molt_flashreinforce.evaluation.engine import vllm_version
+    from molt_flashreinforce.rehearsal.standins import ENGINES
+
+    engine = str(cfg.rehearsal.get("engine", "vllm"))
+    if engine not in ENGINES:
+        raise LaunchError(f"rehearsal.engine={engine}: use rehearsal.engine=vllm (Molt's engine actor on vLLM's CPU "
+                          "build) or rehearsal.engine=standin (the package's HF stand-in)")
+    if engine == "vllm" and not cfg.dry_run and vllm_version() is None:
+        raise LaunchError("rehearsal.engine=vllm needs vLLM's CPU build, which is not installed: run "
+                          "`bash scripts/setup_vllm.sh`, or rehearse with the stand-in engine (rehearsal.engine=standin)")
+    if engine == "standin" and say_why:
+        reason = cfg.rehearsal.get("standin_reason") or "chosen in the rehearsal's config or on the command line"
+        print(f"rehearsal.engine=standin: the rollout engine is the package's HF stand-in, not vLLM: {reason}", flush=True)
+    return engine
 
 
 def run_rehearsal(cfg: DictConfig, run_dir: Path, allocation: Allocation | None = None) -> Summary | None:
@@ -314,6 +341,8 @@ def run_rehearsal(cfg: DictConfig, run_dir: Path, allocation: Allocation | None 
                           "submit it with --nodes=1 (hydra.launcher.nodes=1), or rehearse the nodes with rehearsal=cpu")
     if on_gpus and not cfg.dry_run:
         gpu.check_node(cfg)  # before any work: no CUDA, too few GPUs or no vLLM is one line
+    if not on_gpus:  # before any work too; the stand-in's reason is said once, by the head
+        check_engine(cfg, say_why=allocation is None or allocation.is_head)
     if cfg.rehearsal.resume:
         previous = _latest_rehearsal_dir(run_dir)
         if previous is None:
@@ -370,7 +399,8 @@ def _rehearse(cfg: DictConfig, run_dir: Path, allocation: Allocation | None, spr
     if cfg.dry_run:
         print("dry_run=true: the rehearsal's model, data and Molt command are ready; not starting Ray.")
         return None
-    module = gpu.prepare_launch(job) if on_gpus else _prepare_standin_launch(job, spread, bool(cfg.rehearsal.float32))
+    module = gpu.prepare_launch(job) if on_gpus else _prepare_standin_launch(
+        job, spread, bool(cfg.rehearsal.float32), str(cfg.rehearsal.engine), work)
     print(f"rehearsal: Molt command in {run_dir / 'launch' / 'molt_command.sh'}; log {run_dir / 'molt.log'}", flush=True)
     log_path = run_dir / LOG_NAME
     log_start = log_path.stat().st_size if log_path.is_file() else 0  # a resumed run appends to it

@@ -3,8 +3,9 @@
 `install_worker()` is the rehearsal's Ray `worker_process_setup_hook` (`SETUP_HOOK`): it applies
 the stand-ins below in every Ray worker, then runs the plugin's own `setup_worker` (registration,
 the runtime patches, signal handling), so the plugin is active exactly as on a GPU. `install_driver()`
-applies them in the driver and replaces vLLM's engine actor. `standins(float32)` is what the
-rehearsal summary lists. Everything else of Molt's runtime runs unmodified.
+applies them in the driver and starts the rollout engine `rehearsal.engine` names: Molt's own
+vLLM actor on vLLM's CPU build (`vllm_actor`), or the HF stand-in (`engine.CpuRolloutEngine`).
+`standins(float32, engine)` is what the rehearsal summary lists. Everything else of Molt's runtime runs unmodified.
 """
 
 from __future__ import annotations
@@ -14,10 +15,33 @@ import functools
 SETUP_HOOK = "molt_flashreinforce.rehearsal.standins.install_worker"
 LOOPBACK = "127.0.0.1"
 
+# rehearsal.engine: which rollout engine a CPU rehearsal runs (ENGINE_VARIABLE tells the driver).
+ENGINES = ("vllm", "standin")
+ENGINE_VARIABLE = "MOLT_FLASHREINFORCE_REHEARSAL_ENGINE"
+ENGINE_STANDINS = {
+    "vllm": {
+        "vLLM's CPU settings": "Molt's RolloutRayActor on vLLM's CPU build (rehearsal.vllm_actor): eager mode, a 1 GiB "
+                               "KV cache, threads not pinned to cores; a tied lm_head re-packed after each refit "
+                               "(a vLLM CPU bug)",
+        "weight-sync communicator": "vLLM StatelessProcessGroup + PyNccl -> rehearsal.weight_sync.GlooBroadcastGroup; "
+                                    "in vLLM's worker, Molt's WorkerWrap receives into a CPU buffer "
+                                    "(rehearsal.vllm_worker.CpuWorkerWrap)",
+    },
+    "standin": {
+        "vLLM engine": "RolloutRayActor -> rehearsal.engine.CpuRolloutEngine (HF transformers, KV-cached sampling, "
+                       "same HTTP route)",
+        "vLLM package": "the `vllm` module Molt imports -> rehearsal/vllm_standin (SamplingParams, version), when "
+                        "vLLM is absent",
+        "weight-sync communicator": "vLLM StatelessProcessGroup + PyNccl -> rehearsal.weight_sync.GlooBroadcastGroup",
+    },
+}
+# What runs for real in place of the stand-in engine (the summary's `real` list).
+VLLM_REAL_PARTS = [
+    "vLLM 0.32.0 (CPU build): Molt's create_vllm_engines and RolloutRayActor, AsyncLLM with its EngineCore and "
+    "Worker processes, vLLM's sampler and log-probs, its OpenAI server (serve_openai), Molt's WorkerWrap refit "
+    "bookkeeping (layer-wise reload, missing-weight check, prefix-cache reset, pause and resume)",
+]
 STANDINS = {
-    "vLLM engine": "RolloutRayActor -> rehearsal.engine.CpuRolloutEngine (HF transformers, KV-cached sampling, same HTTP route)",
-    "vLLM package": "the `vllm` module Molt imports -> rehearsal/vllm_standin (SamplingParams, version), when vLLM is absent",
-    "weight-sync communicator": "vLLM StatelessProcessGroup + PyNccl -> rehearsal.weight_sync.GlooBroadcastGroup",
     "NCCL": "torch.distributed nccl backend -> gloo (FSDP2, DTensor and device meshes on CPU)",
     "torch.cuda": "set_device/synchronize/empty_cache/memory stats -> no-ops; current_device -> cpu; cuda tensors -> cpu",
     "node address": "Ray's node IP -> 127.0.0.1, so every server Molt starts listens on the loopback",
@@ -29,9 +53,9 @@ FLOAT32_STANDIN = ("bf16 arithmetic", "--fsdp.param_dtype bf16 and --vllm.dtype 
                    "bf16 units runs bf16 matmuls several times slower: benchmarks/bench_cpu_dtype.py)")
 
 
-def standins(float32: bool) -> dict[str, str]:
-    """What a CPU rehearsal stands in for, as its summary lists it."""
-    return {**STANDINS, **dict([FLOAT32_STANDIN] if float32 else [])}
+def standins(float32: bool, engine: str) -> dict[str, str]:
+    """What a CPU rehearsal with rollout engine `engine` (`ENGINES`) stands in for, as its summary lists it."""
+    return {**ENGINE_STANDINS[engine], **STANDINS, **dict([FLOAT32_STANDIN] if float32 else [])}
 # Environment of every rehearsal process: Molt's own knob for the MoE dispatcher.
 ENVIRONMENT = {"MOLT_MOE_DISPATCHER": "torch"}
 
@@ -142,10 +166,13 @@ def float32_arithmetic(args) -> None:
     args.vllm.dtype = "float32"
 
 
-def install_driver() -> None:
-    import molt.trainer.vllm.vllm_engine as vllm_engine
-
-    from molt_flashreinforce.rehearsal.engine import ray_actor_class
+def install_driver(engine: str) -> None:
+    """The stand-ins in the driver; Molt's engine actor becomes rollout engine `engine`'s."""
+    from molt_flashreinforce.plugin import seams
 
     _install_common()
-    vllm_engine.RolloutRayActor = ray_actor_class()
+    if engine == "vllm":
+        from molt_flashreinforce.rehearsal.vllm_actor import ray_actor_class
+    else:
+        from molt_flashreinforce.rehearsal.engine import ray_actor_class
+    seams.replace_rollout_actor(ray_actor_class())
