@@ -387,8 +387,15 @@ def check_rehearsal(name: str, run_dir: Path, stdout: str, steps: int, min_lag: 
     # the engines sit on other nodes than the actor.
     if sampled_log_probs:
         assert abs(scalars[metrics.VLLM_KL][0][1]) < 1e-3
+        assert summary["vllm_kl_first_step"] == scalars[metrics.VLLM_KL][0][1]
     else:
         assert metrics.VLLM_KL not in scalars
+    # The mismatch the gate sees at step 1 (no policy lag yet), in the summary against the
+    # experiment's delta: the gate admits every trajectory of that batch.
+    if name == "math_grpo":
+        assert (summary["sequence_kl_first_step"], summary["delta"]) == (None, None)
+    else:
+        assert 0 <= summary["sequence_kl_first_step"] < summary["delta"] and summary["acceptance_first_step"] == 1.0
     # A restart refits more often: the steps it runs again, and the resumed weights at its start.
     assert len(summary["weight_checks"]) == steps if fault is None else len(summary["weight_checks"]) > steps
     assert all("landed on every vLLM weight" in line for line in summary["weight_checks"])

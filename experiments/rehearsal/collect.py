@@ -54,6 +54,7 @@ def main(run_dirs: list[str], note: str = "") -> None:
             "versions_mixed_fraction", "acceptance_rate", "reward_mean", "vllm_kl_first_step", "ray_nodes",
             "actors_by_node", "phases_s")}
             | {"engine": summary.get("engine", "standin")}  # summaries from before rehearsal.engine: the stand-in
+            | {key: summary.get(key) for key in ("sequence_kl_first_step", "delta", "acceptance_first_step")}
             | {"weight_checks_landed": sum("landed on every" in line for line in summary["weight_checks"]),
                "weight_checks": len(summary["weight_checks"]),
                "wall_s": round(sum(summary["phases_s"].values()), 1)})
@@ -74,14 +75,15 @@ def main(run_dirs: list[str], note: str = "") -> None:
     lines = [f"Measured on {machine}{f', {note}' if note else ''} (`python experiments/rehearsal/collect.py` "
              "over the run directories).", "",
              "| experiment | algo | engine | steps | lag mean / max | spanning a refit | acceptance | reward | vllm_kl step 1 "
-             "| refits checked | Ray nodes: policy actor / engine nodes | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| sequence KL step 1 (delta) | admitted step 1 | refits checked | Ray nodes: policy actor / engine nodes | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         steps = f"{row['steps']}" + (f" (resumed at {row['resumed_from_step']})" if row["resumed_from_step"] else "")
         lines.append(
             f"| {row['experiment']} | {row['algo']} | {row['engine']} | {steps} | {fmt(row['policy_lag_mean'])} / {fmt(row['policy_lag_max'])} "
             f"| {fmt(row['versions_mixed_fraction'])} "
             f"| {fmt(row['acceptance_rate'])} | {fmt(row['reward_mean'])} | {fmt(row['vllm_kl_first_step'])} "
+            f"| {fmt(row['sequence_kl_first_step'])} ({fmt(row['delta'])}) | {fmt(row['acceptance_first_step'])} "
             f"| {row['weight_checks_landed']}/{row['weight_checks']} | {split(row)} | {row['wall_s']} |"
         )
     (HERE / "results.md").write_text("\n".join(lines) + "\n")

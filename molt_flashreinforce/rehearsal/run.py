@@ -87,6 +87,12 @@ class Summary:
     restarts: int = 0  # attempts that followed a crash or a stall
     requeues: int = 0  # attempts that followed SLURM's request to stop
     attempts_resumed_from: list[int] = field(default_factory=list)  # the step each attempt resumed from
+    # The engine-vs-trainer mismatch at the first step, whose batch the engine sampled with the weights
+    # the trainer scores it with (no policy lag yet): the mean over sequences of the sampled-token
+    # Bernoulli KL, the trust region's bound (flashreinforce) and the share of trajectories admitted.
+    sequence_kl_first_step: float | None = None
+    delta: float | None = None
+    acceptance_first_step: float | None = None
 
     def lines(self) -> list[str]:
         def fmt(value, digits=3):
@@ -102,7 +108,9 @@ class Summary:
             f"  rollouts consumed {fmt(self.rollouts_consumed)}; policy lag mean {fmt(self.policy_lag_mean)} "
             f"max {fmt(self.policy_lag_max)}; trajectories spanning a refit {fmt(self.versions_mixed_fraction)}",
             f"  acceptance rate {fmt(self.acceptance_rate)}; reward mean {fmt(self.reward_mean)}; "
-            f"vllm_kl at the first step {fmt(self.vllm_kl_first_step)}; weight check landed {landed}/{len(self.weight_checks)}",
+            f"weight check landed {landed}/{len(self.weight_checks)}",
+            f"  engine vs trainer at the first step: vllm_kl {fmt(self.vllm_kl_first_step)}; sequence Bernoulli KL "
+            f"{fmt(self.sequence_kl_first_step)} against delta {fmt(self.delta)}; admitted {fmt(self.acceptance_first_step)}",
             f"  ran on {fmt(self.ray_nodes)} Ray node(s): " + "; ".join(
                 f"{node}: " + ", ".join(f"{name} x{count}" for name, count in actors.items())
                 for node, actors in self.actors_by_node.items()),
@@ -251,6 +259,8 @@ def summarize(cfg: DictConfig, run_dir: Path, history, log: str, phases: dict[st
 
     placed = actor_map.read(run_dir / "launch" / ACTOR_MAP_NAME)
     consumed, lag_max, kl = since_resume(metrics.ROLLOUTS_CONSUMED), since_resume(metrics.POLICY_LAG_MAX), since_resume(metrics.VLLM_KL)
+    sequence_kl, accepted = since_resume(metrics.SEQUENCE_KL_MEAN), since_resume(metrics.ACCEPTANCE_RATE)
+    delta = cfg.algo.get("delta")
     return Summary(
         experiment=str(cfg.experiment_name),
         algo=str(cfg.algo.name),
@@ -273,6 +283,9 @@ def summarize(cfg: DictConfig, run_dir: Path, history, log: str, phases: dict[st
         phases_s=phases,
         restarts=history.restarts,
         requeues=history.requeues,
+        sequence_kl_first_step=sequence_kl[0] if sequence_kl else None,
+        delta=float(delta) if delta is not None else None,
+        acceptance_first_step=accepted[0] if accepted else None,
         attempts_resumed_from=list(history.resumed_from),
     )
 

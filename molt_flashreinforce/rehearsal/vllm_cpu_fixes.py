@@ -1,6 +1,14 @@
 """Fixes for vLLM's CPU build that the rehearsal's engine applies from the outside.
 
-    repack_cpu_moe_on_refit(model) -> int
+    repack_cpu_moe_on_refit(model) -> int          before a refit: the reload re-packs MoE experts
+    repack_tied_lm_head(model, model_config) -> bool   after a refit: a tied lm_head's packed copy is rebuilt
+
+A tied lm_head: vLLM's CPU build keeps a packed copy of the head's weight
+(`dispatch_cpu_unquantized_gemm`), and a tied head receives no weight in a refit, so the layer-wise
+reload leaves the old copy ("ParallelLMHead: Failed to load weights") and the engine samples from
+the new body and the old head (tests/test_rehearsal_vllm_worker.py). GPU builds read the weight itself.
+
+MoE experts:
 
 vLLM 0.32.0 (the version Molt pins) packs an unquantized MoE layer's experts for its CPU
 kernel only on the first load: `UnquantizedFusedMoEMethod._setup_kernel` runs the experts'
@@ -74,3 +82,16 @@ def _pack_after_processing(method) -> None:
 
     method.process_weights_after_loading = process_then_pack
     setattr(method, _WRAPPED, True)
+
+
+def repack_tied_lm_head(model, model_config) -> bool:
+    """Re-run the lm_head's post-load processing where vLLM's CPU build packed a copy of a tied head;
+    True if it did."""
+    from vllm.platforms import current_platform
+
+    head = getattr(model, "lm_head", None)
+    tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
+    if not (current_platform.is_cpu() and tied and head is not None and hasattr(head, "quant_method")):
+        return False
+    head.quant_method.process_weights_after_loading(head)
+    return True

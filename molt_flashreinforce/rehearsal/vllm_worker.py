@@ -10,10 +10,8 @@ runs (the layer-wise reload in `begin_weight_update` / `end_weight_update`, `loa
   (gloo) instead of PyNccl, which disables itself on a CPU and then receives nothing;
 * `update_weights_packed` receives the packed broadcast into a CPU buffer, without a CUDA stream,
   then loads it exactly as Molt's does (the lines repeated are checked: `seams.WORKER_LOAD`);
-* `end_weight_update` re-packs a tied lm_head on the CPU: vLLM's CPU build keeps a packed copy of
-  the head's weight (`dispatch_cpu_unquantized_gemm`), and a tied head receives no weight in a
-  refit, so the layer-wise reload leaves the old copy ("ParallelLMHead: Failed to load weights")
-  and the engine samples from the new body and the old head. GPU builds read the weight itself.
+* two vLLM CPU bugs are worked around (`rehearsal.vllm_cpu_fixes`): `begin_weight_update` makes the
+  reload re-pack MoE experts, `end_weight_update` re-packs a tied lm_head.
 
 For the refit check (`rehearsal.vllm_actor`), it keeps a copy of the weights each refit sent, and
 `refit_reference(tokens)` returns the log-prob of each token of `tokens` after the ones before it
@@ -28,6 +26,7 @@ import torch
 
 from molt_flashreinforce.plugin import seams
 from molt_flashreinforce.rehearsal import weight_sync
+from molt_flashreinforce.rehearsal.vllm_cpu_fixes import repack_cpu_moe_on_refit, repack_tied_lm_head
 
 
 class CpuWorkerWrap(seams.worker_wrap_class()):
@@ -37,6 +36,7 @@ class CpuWorkerWrap(seams.worker_wrap_class()):
 
     def begin_weight_update(self):
         self._sent = {}
+        repack_cpu_moe_on_refit(self.model_runner.model)  # before the reload it corrects (vllm_cpu_fixes)
         return super().begin_weight_update()
 
     def update_weights_packed(self, metas):
@@ -72,16 +72,3 @@ class CpuWorkerWrap(seams.worker_wrap_class()):
         with torch.no_grad():
             logits = self._reference(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
         return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens[1:])[:, None]).squeeze(1).tolist()
-
-
-def repack_tied_lm_head(model, model_config) -> bool:
-    """Re-run the lm_head's post-load processing where vLLM's CPU build packed a copy of a tied head;
-    True if it did."""
-    from vllm.platforms import current_platform
-
-    head = getattr(model, "lm_head", None)
-    tied = getattr(model_config.hf_text_config, "tie_word_embeddings", False)
-    if not (current_platform.is_cpu() and tied and head is not None and hasattr(head, "quant_method")):
-        return False
-    head.quant_method.process_weights_after_loading(head)
-    return True
