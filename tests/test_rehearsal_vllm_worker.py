@@ -125,3 +125,17 @@ def test_the_refit_check_stops_a_refit_that_serves_other_or_stale_weights():
     with pytest.raises(RefitMismatch, match=r"^refit 4: the weights sent moved the probe's log-probs by up to 0\.5 "
                                             r"nats and the engine's not at all; the refit landed stale weights$"):
         check_refit(4, [-1.0, -2.0], [-1.5, -2.0], 1e-4, ([-1.0, -2.0], [-1.0, -2.0]))
+
+
+def test_under_the_supervisor_a_refit_mismatch_ends_the_run_without_a_restart(tmp_path, monkeypatch):
+    from molt_flashreinforce.cluster.progress import FAILURE_FILE, PROGRESS_DIR_VARIABLE, read_json
+    from molt_flashreinforce.rehearsal.vllm_actor import RefitMismatch, check_refit
+
+    monkeypatch.setenv(PROGRESS_DIR_VARIABLE, str(tmp_path))
+    check_refit(1, [-1.0, -2.0], [-1.00002, -2.0], 1e-4, None)
+    assert read_json(tmp_path / FAILURE_FILE) is None  # a refit that landed records nothing
+    with pytest.raises(RefitMismatch) as raised:
+        check_refit(2, [-1.0, -2.0], [-1.0, -2.3], 1e-4, None)
+    failure = read_json(tmp_path / FAILURE_FILE)
+    assert failure["what"] == "vLLM's engine (RolloutRayActor)" and failure["cause"] == str(raised.value)
+    assert failure["every_attempt"] and failure["code_fault"]  # cluster.supervisor: "not restarted"

@@ -11,7 +11,8 @@ and forwards it to the workers), the workers (plugin/progress.py) keep in it:
 and the supervisor writes `checkpoint_request` ({"id", "why"}). `failure.json` ({"what", "node",
 "step", "cause", "code_fault", and "every_attempt" for a fault no restart can mend}) names the fault that ends an attempt: a dead actor or node (the
 driver's watch, cluster/actor_watch.py) or a worker that refused to run (a Molt that drifted from
-the tested one, plugin/ray_hooks.py); the first fault written stands (`record_failure`). Files
+the tested one, plugin/ray_hooks.py; an engine whose refit landed other weights,
+rehearsal/vllm_actor.py: `record_lasting_failure`); the first fault written stands (`record_failure`). Files
 are replaced atomically (`write_json`), so a reader on another node never sees half of one.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 PROGRESS_DIR_VARIABLE = "MOLT_FLASHREINFORCE_PROGRESS_DIR"
@@ -61,6 +63,16 @@ def record_failure(where: Path, fault: dict) -> dict:
         return first
     write_json(path, fault)
     return fault
+
+
+def record_lasting_failure(what: str, cause: str) -> None:
+    """In a worker of a supervised run (else nothing): record a fault of the run's own code or set-up
+    that no restart can mend, so that the attempt ends in `cause` and the run is not restarted."""
+    where = progress_dir()
+    if where is not None:
+        record_failure(where, {"what": what, "step": reported_step(where),
+                               "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                               "cause": cause, "code_fault": True, "every_attempt": True})
 
 
 def failure_line(fault: dict) -> str:

@@ -54,19 +54,14 @@ def refuse_a_drifted_molt() -> None:
     the supervisor the worker first records why (cluster/progress.py), so that the attempt stops at
     once, in that line, and is not restarted."""
     import os
-    import socket
 
-    from molt_flashreinforce.cluster.progress import progress_dir, record_failure, reported_step
+    from molt_flashreinforce.cluster.progress import record_lasting_failure
     from molt_flashreinforce.plugin import seams
 
     try:
         seams.check()
     except seams.UnsupportedMolt as error:
-        where = progress_dir()
-        if where is not None:
-            record_failure(where, {"what": f"a Ray worker (pid {os.getpid()})", "step": reported_step(where),
-                                   "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-                                   "cause": str(error), "code_fault": True, "every_attempt": True})
+        record_lasting_failure(f"a Ray worker (pid {os.getpid()})", str(error))
         raise
 
 

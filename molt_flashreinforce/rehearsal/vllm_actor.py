@@ -20,7 +20,8 @@ Every refit is checked once generation resumes: the engine's log-probs of a fixe
 (`PROBE`, through its own sampler path: prompt log-probs) must equal Hugging Face's float32 forward
 of the weights the refit sent (`CpuWorkerWrap.refit_reference`) within `TOLERANCE` of the engine's
 dtype, and a refit whose sent weights moved the reference beyond that while the engine's log-probs
-did not move at all is stale. Either stops the run (`RefitMismatch`, one line).
+did not move at all is stale. Either stops the run (`RefitMismatch`, one line), and under the
+supervisor it is not restarted (`cluster.progress.record_lasting_failure`).
 """
 
 from __future__ import annotations
@@ -45,19 +46,27 @@ class RefitMismatch(RuntimeError):
 def check_refit(refit: int, engine: list[float], reference: list[float], tolerance: float,
                 previous: tuple[list[float], list[float]] | None) -> None:
     """Raise `RefitMismatch` unless the engine's probe log-probs match the reference's within
-    `tolerance` and moved if the sent weights moved (`previous`: the last refit's engine, reference)."""
+    `tolerance` and moved if the sent weights moved (`previous`: the last refit's engine, reference).
+    Under the supervisor the mismatch is first recorded as a fault no restart mends: the next
+    attempt's refits would land the same way."""
+    from molt_flashreinforce.cluster.progress import record_lasting_failure
+
+    def mismatch(message: str) -> RefitMismatch:
+        record_lasting_failure("vLLM's engine (RolloutRayActor)", message)
+        return RefitMismatch(message)
+
     def largest_gap(left, right):
         return max(abs(a - b) for a, b in zip(left, right))
 
     # A step small enough to move the log-probs less than the engine's precision cannot be told from
     # a stale refit; one that moves them more must move the engine's.
     if previous is not None and engine == previous[0] and largest_gap(reference, previous[1]) > tolerance:
-        raise RefitMismatch(f"refit {refit}: the weights sent moved the probe's log-probs by up to "
+        raise mismatch(f"refit {refit}: the weights sent moved the probe's log-probs by up to "
                             f"{largest_gap(reference, previous[1]):.3g} nats and the engine's not at all; the refit "
                             "landed stale weights")
     gap = largest_gap(engine, reference)
     if gap > tolerance:
-        raise RefitMismatch(f"refit {refit}: the engine's log-probs on the probe differ from the weights sent by up to "
+        raise mismatch(f"refit {refit}: the engine's log-probs on the probe differ from the weights sent by up to "
                             f"{gap:.3g} nats (tolerance {tolerance:g}); the engine serves other weights than the trainer's")
 
 
