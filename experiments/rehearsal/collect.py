@@ -3,8 +3,9 @@
     python experiments/rehearsal/collect.py [--note TEXT] RUN_DIR [RUN_DIR ...]
 
 Each RUN_DIR is a `rehearsal=cpu` run directory (it holds rehearsal/summary.json). The table
-gives what docs/rehearsal.md and the README quote: steps, lag, acceptance, reward, vllm_kl at
-step 1, weight checks (landed / refits; a resumed run also refits once at its start), the Ray
+gives what docs/rehearsal.md and the README quote: the rollout engine, steps, lag, acceptance,
+reward, the engine-vs-trainer mismatch at step 1 (vllm_kl, sequence Bernoulli KL against delta,
+share admitted), weight checks (landed / refits; a resumed run also refits once at its start), the Ray
 nodes that hosted the run's actors with what each hosted, and wall time per phase, with the
 machine it was measured on.
 
@@ -12,6 +13,7 @@ A run the fault-injection tests struck (tests/test_rehearsal_runs.py records the
 `fault.json`) also gets a row in faults.md (docs/launch.md, "Faults and restarts" includes it):
 from its attempts (`launch/attempts.json`), how long after the strike the attempt it hit ended,
 how long until the next attempt started, the steps before and where it resumed, and the one line.
+Runs without a fault leave faults.md as it is.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ def main(run_dirs: list[str], note: str = "") -> None:
             f"| {row['weight_checks_landed']}/{row['weight_checks']} | {split(row)} | {row['wall_s']} |"
         )
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
+    if not faults:  # runs without a fault leave the fault table as it was measured
+        return
     lines = [f"Measured on {machine}{f', {note}' if note else ''}, by the fault-injection rehearsals of "
              "tests/test_rehearsal_runs.py (`python experiments/rehearsal/collect.py`; times to the second).", "",
              "| experiment | algo | fault (after step) | attempt ended after | next attempt after | resumed from step | the line |",
