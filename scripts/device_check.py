@@ -77,9 +77,11 @@ PYTHON = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
 SIZES = {
     "cuda": {"batch": 128, "width": 4096, "entropy_shape": [2, 2048], "bench_lengths": "8192,16384",
              "head_lengths": [4096, 8192, 16384, 32768], "head_hidden": 1536, "head_vocab": VOCAB, "head_repeats": 3,
+             "head_chunk_sweep": [1 << 25, 1 << 26, 1 << 27, 1 << 28],
              "bench_options": ["--repeats", "3", "--warmup", "1"], "bench_timeout_s": 300},
     "cpu": {"batch": 16, "width": 160, "entropy_shape": [2, 96], "bench_lengths": "256",
             "head_lengths": [256, 512], "head_hidden": 32, "head_vocab": 1024, "head_repeats": 1,
+            "head_chunk_sweep": [1 << 16],
             "bench_options": ["--time-only", "--repeats", "1", "--warmup", "0"], "bench_timeout_s": 240},
 }
 # Elementwise |x - ref| <= rtol * |ref| + atol * max|ref| for gradients and entropies (entropy's
@@ -339,6 +341,33 @@ def head_agreement(fused: dict, stock: dict, reference: dict | None) -> dict:
     return excess
 
 
+def float64_distance(runs: dict, inputs, device: str) -> dict:
+    """Each float32 head's distance from the stock head in float64, in units of the float32
+    tolerance (1e-5 |ref| + 1e-6 max|ref|): how much of the fused-vs-stock tolerance the
+    accelerator's own float32 rounding (its kernels' summation order) already takes. Reported only."""
+    wide = tuple(t.detach().double().requires_grad_() if t.is_floating_point() and t.requires_grad
+                 else t.double() if t.is_floating_point() else t for t in inputs)
+    reference = run_head(stock_head_log_probs, wide, device)
+    return {head: {name: max_excess(run[name], reference[name], 1e-5, 1e-6 * float(reference[name].abs().max()))
+                   for name in ("log_probs", "grad_hidden", "grad_weight")} for head, run in runs.items()}
+
+
+def sweep_chunks(inputs, device: str, repeats: int, chunk_sizes: list[int], stock: dict) -> dict:
+    """The fused head's median time and peak at other chunk sizes (logits per chunk), against stock."""
+    sweep = {}
+    for elements in chunk_sizes:
+        def head(hidden, weight, targets, temperature, elements=elements):
+            return chunked_log_probs(hidden, weight, targets, temperature, chunk_elements=elements)[0]
+        samples = [run_head(head, inputs, device) for _ in range(repeats + (device == "cuda"))]
+        timed = samples[1:] if device == "cuda" else samples
+        seconds = sorted(s["seconds"] for s in timed)[len(timed) // 2]
+        peak = samples[-1]["peak_mib"]
+        sweep[str(elements)] = {"tokens_per_chunk": max(1, elements // inputs[1].shape[0]), "median_s": seconds,
+                                "peak_mib": peak, "time_ratio": seconds / stock["median_s"],
+                                "peak_ratio": peak / stock["peak_mib"] if peak and stock["peak_mib"] else None}
+    return sweep
+
+
 def check_head(device: str, sizes: dict, perturb: float) -> dict:
     hidden, vocab, repeats = sizes["head_hidden"], sizes["head_vocab"], sizes["head_repeats"]
     lengths = sizes["head_lengths"]
@@ -346,7 +375,8 @@ def check_head(device: str, sizes: dict, perturb: float) -> dict:
     small = head_inputs(lengths[0], hidden, vocab, torch.float32, device)
     exact = {name: run_head(head, small, device, perturb if name == "fused" else 0.0) for name, head in HEADS.items()}
     excess = head_agreement(exact["fused"], exact["stock"], None)
-    cases.append({"case": f"float32 S={lengths[0]}", "excess": excess, "pass": max(excess.values()) <= 1})
+    cases.append({"case": f"float32 S={lengths[0]}", "excess": excess, "pass": max(excess.values()) <= 1,
+                  "float64_distance": float64_distance(exact, small, device)})
     measured = {}
     for length in lengths:
         inputs = head_inputs(length, hidden, vocab, torch.bfloat16, device)
@@ -369,6 +399,8 @@ def check_head(device: str, sizes: dict, perturb: float) -> dict:
             timed = samples[1:] if device == "cuda" else samples
             entry[name] = {"median_s": sorted(s["seconds"] for s in timed)[len(timed) // 2],
                            "peak_mib": max((s["peak_mib"] for s in samples if s["peak_mib"] is not None), default=None)}
+        if "stock" in runs and sizes["head_chunk_sweep"]:
+            entry["chunk_sweep"] = sweep_chunks(inputs, device, repeats, sizes["head_chunk_sweep"], entry["stock"])
         if len(runs) == 2:
             fused, stock = entry["fused"], entry["stock"]
             entry["time_ratio"] = fused["median_s"] / stock["median_s"]
@@ -551,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheels", type=Path, help="install these wheels (--no-deps, offline) into a temporary "
                         "directory first, e.g. molt-rl's")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    parser.add_argument("--no-chunk-sweep", action="store_true", help="head: measure the fused head at its "
+                        "default chunk size only, not also at the other sizes of the sweep")
     parser.add_argument("--perturb", type=float, default=0.0, help="sensitivity check: scale the device's "
                         "gradients and entropies by 1 + REL before comparing (the verdict must then be FAIL)")
     options = parser.parse_args(argv)
@@ -564,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = options.out or REPO / "experiments" / "device" / f"{options.device}.json"
     started = time.monotonic()
-    sizes = SIZES[options.device]
+    sizes = {**SIZES[options.device], **({"head_chunk_sweep": []} if options.no_chunk_sweep else {})}
     record = {
         "device": options.device,
         "device_name": torch.cuda.get_device_name() if options.device == "cuda" else platform.processor() or platform.machine(),

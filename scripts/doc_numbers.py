@@ -38,6 +38,10 @@ SOURCES = {
     "step16kt": "experiments/bench_training_step_16384_time.json",  # the same, step time at 16,384 tokens
     "rehearsal": "experiments/rehearsal/results.json",  # experiments/rehearsal/collect.py
     "mismatch": "experiments/benchmarks/engine_mismatch.json",  # benchmarks/bench_engine_mismatch.py
+    "device": "experiments/device/cuda.json",  # scripts/device_check.sh on one H200
+    "device_perturbed": "experiments/device/cuda-perturbed.json",  # the same with --perturb 0.02
+    "device_chunks": "experiments/device/cuda-head-chunk-sweep.json",  # --parts head with its chunk sweep
+    "device_chunk26": "experiments/device/cuda-head-chunk-67108864.json",  # a run with 2^26 as the default
 }
 MARKER = re.compile(r"<!-- (num|code|include):(\S+?) -->(.*?)<!-- /\1 -->", re.DOTALL)
 

@@ -170,8 +170,15 @@ def test_head_part_compares_the_fused_head_with_molts_head_and_catches_a_perturb
     assert all(case["pass"] for case in head["cases"])
     assert set(head["lengths"]) == {"256", "512"}
     assert all(entry["time_ratio"] > 0 and entry["fused"]["peak_mib"] is None for entry in head["lengths"].values())
-    done, record = run_check(tmp_path, "--parts", "head", "--perturb", "1e-3")
+    # The chunk sweep times the fused head at another chunk size: 2^16 logits = 64 tokens at V=1,024.
+    assert all(entry["chunk_sweep"]["65536"]["tokens_per_chunk"] == 64 for entry in head["lengths"].values())
+    unperturbed = head["cases"][0]["float64_distance"]
+    assert set(unperturbed) == {"fused", "stock"} and max(unperturbed["fused"].values()) < 1
+    done, record = run_check(tmp_path, "--parts", "head", "--perturb", "1e-3", "--no-chunk-sweep")
     assert done.returncode == 1 and record["parts"]["head"]["status"] == "fail"
+    assert "chunk_sweep" not in record["parts"]["head"]["lengths"]["256"]
+    perturbed = record["parts"]["head"]["cases"][0]["float64_distance"]
+    assert perturbed["stock"] == unperturbed["stock"] and perturbed["fused"]["grad_hidden"] > 1
 
 
 def test_restated_stock_head_is_molts():
