@@ -22,7 +22,9 @@ network, vLLM or Ray. Parts:
            a real width and vocabulary (CUDA: hidden 1,536, V=151,936, S = 4K to 32K, bf16): the
            peak memory above the inputs and the median time of each, their ratios and the growth
            per 1,000 tokens; the log-probs and gradients agree (float32 to 1e-5 at the first
-           length, bf16 within twice the bf16 rounding of the stock head).
+           length, bf16 within twice the bf16 rounding of the stock head; beside the float32 case,
+           each head's distance from a float64 stock head). The fused head is also timed at the
+           other chunk sizes of `head_chunk_sweep` (`--no-chunk-sweep` skips them).
   molt     Molt's `PolicyLoss` in the FlashREINFORCE recipe configuration (and the token gate,
            token-mean and constant-length forms) on the device, against ours on the device, if
            `molt.models.loss` imports; otherwise the part is skipped with the missing module.
