@@ -12,6 +12,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from molt_flashreinforce import conf
+from molt_flashreinforce.algo_settings import flag_settings
 from molt_flashreinforce.launch import model_context
 from molt_flashreinforce.launch.errors import LaunchError
 from molt_flashreinforce.launch.job import prepare_molt_job
@@ -55,13 +56,12 @@ def test_flashreinforce_renders_the_recipe_and_plugin_flags(tmp_path, experiment
     assert args.actor.loss_agg_mode == "seq-mean-token-mean"
     assert args.train.force_on_policy and args.train.max_epochs == 1
     assert args.rollout.n_samples_per_prompt == 1 and args.algo.kl.init_coef == 0
+    # Every flag setting of the algorithm reaches Molt's parser with the config's value, except the fused
+    # head, which needs the whole lm_head on each actor rank (ALFWorld's actor runs at tp 2).
+    knobs = {setting.name: cfg.algo[setting.name] for setting in flag_settings()}
+    knobs["fused_head"] = cfg.placement.actor.tp == 1 and cfg.placement.actor.cp == 1
     assert vars(args.flashreinforce) == {
-        "delta": cfg.algo.delta, "gate_level": cfg.algo.gate_level, "gate_mean": cfg.algo.gate_mean,
-        "reduction": cfg.algo.reduction, "constant_length": None,
-        "importance_sampling": cfg.algo.importance_sampling, "entropy_filter_q": cfg.algo.entropy_filter_q,
-        "max_policy_lag": cfg.algo.max_policy_lag,
-        # The fused head needs the whole lm_head on each actor rank: ALFWorld's actor runs at tp 2.
-        "fused_head": cfg.placement.actor.tp == 1 and cfg.placement.actor.cp == 1,
+        **knobs,
         # The steps the paper's table reports, exported and kept outside Molt's rotation (plugin/exports.py).
         "export_steps": KEPT_EXPORTS[experiment][0], "export_every": KEPT_EXPORTS[experiment][1],
         "export_dir": str(tmp_path / "exports"),
