@@ -57,5 +57,6 @@ def test_math_base_model_on_the_cpu(tmp_path, eval_inputs, warm_compile_cache, c
         assert grading.grade(line["response"], line["ground_truth"]).correct is (line["reward"] == 1.0)
         assert line["verdict"] in ("correct", "wrong", "no_answer", "rejected", "timed_out")
     assert "| benchmark | avg@2 (%) |" in done.stdout and "| mean |" in done.stdout
-    print(done.stdout)
+    with capsys.disabled():  # `pytest -s` shows the table (docs/eval.md)
+        print(done.stdout)
     check_report_reads(out, capsys)
