@@ -19,18 +19,19 @@ signals every process of a job step at once, Ray's workers included, and a worke
 SIGTERM (Ray's task loop installs a handler that raises SystemExit; the signal mask our launcher
 blocks does not reach them through the raylet) and on SIGUSR2 (the default action). The signals are
 the supervisor's to act on, so a worker ignores both: the checkpoint it asks for needs the workers
-alive. Stopping a run still works: the supervisor's teardown sends SIGINT, then SIGKILL.
+alive (plugin/slurm_signals.py, which also keeps vLLM's engine processes alive). Stopping a run still
+works: the supervisor's teardown sends SIGINT, then SIGKILL.
 """
 
 from __future__ import annotations
 
-import signal
 import time
 
 from molt_flashreinforce.cluster.progress import (DONE_FILE, ROLLOUT_FILE, STEP_FILE, pending_request, progress_dir,
                                                   write_json)
 from molt_flashreinforce.plugin import seams
 from molt_flashreinforce.plugin.seams import RuntimeHooks
+from molt_flashreinforce.plugin.slurm_signals import ignore_slurm_signals
 
 _ROLLOUT_TOUCH_EVERY_S = 1.0
 
@@ -70,6 +71,5 @@ def defer_slurm_signals() -> None:
     """In a Ray worker of a supervised run: SIGTERM and SIGUSR2 leave it running (see above)."""
     if progress_dir() is None:
         return
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_slurm_signals()
     seams.keep_ray_from_handling_sigterm()
