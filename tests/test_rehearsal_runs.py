@@ -692,3 +692,7 @@ def test_the_eval_command_scores_the_base_model_and_the_rehearsals_checkpoint_be
             assert float(cell["value"]) == pytest.approx(100 * score.avg, abs=1e-4)
             assert cell["grader"] == "strict" and cell["protocol"] == evaluated.protocol.describe()
     assert any(row["kind"] == "run" for row in rows) and any(row["kind"] == "paper" for row in rows)
+    assert report([str(run_dir), str(base), str(trained)]) == 0
+    table = capsys.readouterr().out.split("\n## Beside the paper")[0]
+    with capsys.disabled():  # `pytest -s` shows the table with both evaluated lines (docs/eval.md)
+        print(table)
