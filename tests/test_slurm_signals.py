@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from importlib.metadata import entry_points
 
 import pytest
@@ -62,3 +63,23 @@ def test_outside_a_supervised_run_the_signals_are_left_alone(monkeypatch):
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR2)}
     ignore_slurm_signals()
     assert {signum: signal.getsignal(signum) for signum in before} == before
+
+
+def test_off_the_main_thread_it_does_nothing_and_raises_nothing(monkeypatch, tmp_path):
+    """vLLM loads its plugins in the engine actor's own threads too (AsyncEngineArgs), where Python
+    cannot set a handler: the plugin raised there once, and every engine actor failed to start."""
+    monkeypatch.setenv(PROGRESS_DIR_VARIABLE, str(tmp_path))
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR2)}
+    failures = []
+    thread = threading.Thread(target=lambda: failures.extend(_call(ignore_slurm_signals)))
+    thread.start()
+    thread.join()
+    assert failures == [] and {signum: signal.getsignal(signum) for signum in before} == before
+
+
+def _call(function) -> list[BaseException]:
+    try:
+        function()
+    except BaseException as error:  # noqa: BLE001 - whatever it raises is the failure
+        return [error]
+    return []
