@@ -21,7 +21,7 @@ from importlib.metadata import entry_points
 import pytest
 
 from molt_flashreinforce.cluster.progress import PROGRESS_DIR_VARIABLE
-from molt_flashreinforce.plugin.slurm_signals import ignore_slurm_signals
+from molt_flashreinforce.plugin.slurm_signals import SLURM_SIGNALS, ignore_slurm_signals
 
 ENGINE_PROCESS = """
 import os, signal, sys
@@ -35,6 +35,10 @@ for signum in (signal.SIGTERM, signal.SIGUSR2):
     os.kill(os.getpid(), signum)
 print("still running")
 """
+
+
+def handlers() -> dict:
+    return {signum: signal.getsignal(signum) for signum in SLURM_SIGNALS}
 
 
 def engine_process(env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -60,26 +64,24 @@ def test_vllms_plugin_loader_makes_an_engine_process_ignore_slurms_signals_under
 
 def test_outside_a_supervised_run_the_signals_are_left_alone(monkeypatch):
     monkeypatch.delenv(PROGRESS_DIR_VARIABLE, raising=False)
-    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR2)}
+    before = handlers()
     ignore_slurm_signals()
-    assert {signum: signal.getsignal(signum) for signum in before} == before
+    assert handlers() == before
 
 
 def test_off_the_main_thread_it_does_nothing_and_raises_nothing(monkeypatch, tmp_path):
     """vLLM loads its plugins in the engine actor's own threads too (AsyncEngineArgs), where Python
     cannot set a handler: the plugin raised there once, and every engine actor failed to start."""
     monkeypatch.setenv(PROGRESS_DIR_VARIABLE, str(tmp_path))
-    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR2)}
-    failures = []
-    thread = threading.Thread(target=lambda: failures.extend(_call(ignore_slurm_signals)))
+    before, raised = handlers(), []
+
+    def call() -> None:
+        try:
+            ignore_slurm_signals()
+        except Exception as error:  # noqa: BLE001 - whatever it raises is the failure
+            raised.append(error)
+
+    thread = threading.Thread(target=call)
     thread.start()
     thread.join()
-    assert failures == [] and {signum: signal.getsignal(signum) for signum in before} == before
-
-
-def _call(function) -> list[BaseException]:
-    try:
-        function()
-    except BaseException as error:  # noqa: BLE001 - whatever it raises is the failure
-        return [error]
-    return []
+    assert raised == [] and handlers() == before
