@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -48,6 +49,21 @@ ATTEMPT = textwrap.dedent("""
             {"what": "actor GenerateSamplesActor", "node": "n1", "step": 0, "cause": "its constructor raised",
              "code_fault": True}))
         sys.exit(75)
+    if what == "lost_port":  # the policy actor's process group finds its port taken (Molt picked it, then let go)
+        import socket, traceback
+        from datetime import timedelta
+        import ray.exceptions
+        from torch.distributed import TCPStore
+        from molt_flashreinforce.cluster import port_race
+        taken = socket.socket(); taken.bind(("127.0.0.1", 0)); taken.listen()
+        try:
+            TCPStore("127.0.0.1", taken.getsockname()[1], 1, True, timeout=timedelta(seconds=5))
+        except Exception as raised:  # as Molt's driver gets it from the actor's method
+            error = ray.exceptions.RayTaskError(
+                "init_model_from_pretrained", traceback.format_exc(), raised, pid=9,
+                proctitle="ray::PolicyModelActor.init_model_from_pretrained", ip="10.0.0.7").as_instanceof_cause()
+            assert port_race.record(error, str(where))
+            sys.exit(1)
     step(1)
     if what == "finish":
         step(2); sys.exit(0)
@@ -112,6 +128,43 @@ def test_a_code_fault_before_the_first_step_is_not_restarted(tmp_path):
     with pytest.raises(ClusterError, match="its constructor raised; not restarted: it failed before its first optimizer step"):
         supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 0).run(start)
     assert len(started) == 1
+
+
+def test_a_port_lost_before_the_first_step_is_restarted(tmp_path, capfd):
+    start, started = attempts_of("lost_port,finish", tmp_path)
+    run = supervisor.Supervisor(tmp_path, FAST, checkpoint_step=lambda: 0)
+    assert run.run(start) == 1 and len(started) == 2
+    out = capfd.readouterr()
+    line = re.search(r"molt-flashreinforce: PolicyModelActor.init_model_from_pretrained died on node 10.0.0.7 at step 0: "
+                     r"its process group's port (\d+) was taken by another process .* a new attempt chooses new ports",
+                     out.err)
+    assert line, out.err
+    assert "restart 1 of 2: resuming from the checkpoint at step 0" in out.out
+    first = supervisor.read_attempts(tmp_path)[0]
+    assert first["outcome"] == supervisor.FAULT and first["last_step"] is None and first["cause"] == line.group(0)
+
+
+def test_only_a_lost_port_is_taken_for_a_port_race():
+    from datetime import timedelta
+
+    import ray.exceptions
+    from torch.distributed import DistNetworkError, TCPStore
+
+    from molt_flashreinforce.cluster import port_race
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(DistNetworkError) as in_use:
+            TCPStore("127.0.0.1", port, 1, True, timeout=timedelta(seconds=5))
+    assert port_race.lost_port(in_use.value) == str(port)
+    # As Molt's driver gets it from an actor's method: Ray's error, an instance of the cause's class too.
+    assert port_race.lost_port(ray.exceptions.RayTaskError("f", "", in_use.value).as_instanceof_cause()) == str(port)
+    refused = DistNetworkError("The client socket has failed to connect to 127.0.0.1:1 (errno: 111 - Connection refused)")
+    assert port_race.lost_port(refused) is None
+    assert port_race.lost_port(ValueError("port: 1 EADDRINUSE")) is None
+    assert port_race.record(ValueError("no"), None) is False
 
 
 def test_a_worker_that_refuses_molt_ends_the_attempt_at_once_in_its_line(tmp_path):

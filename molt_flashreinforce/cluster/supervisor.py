@@ -33,7 +33,8 @@ After a crash or a stall the attempt's processes are stopped (`before_restart` d
 wait for a lost node to rejoin) and a new attempt resumes from the last complete checkpoint, up to
 `max_restarts` times; one line says what happened and from which step it goes on. Not restarted:
 an attempt that failed through the run's own code or config (an actor's constructor raised, Molt
-raised on its own) before its first optimizer step, since every attempt would fail the same way. Every attempt
+raised on its own) before its first optimizer step, since every attempt would fail the same way; a
+rendezvous port another process took first is not such a fault (cluster/port_race.py). Every attempt
 is recorded in `<run_dir>/launch/attempts.json` (start, end, outcome, cause, the step it resumed
 from, the last step it reported, and its launch: the SLURM job, which a requeue keeps), and a
 launch's `History` (restarts, requeues, where each attempt resumed) is read from there, so it

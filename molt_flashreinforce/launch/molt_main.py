@@ -8,8 +8,9 @@ registers the plugin and installs the runtime patches before it loads an actor (
 
 While `train(args)` runs, `cluster.actor_watch` ends this process within seconds of any of the
 run's actors or nodes dying (Molt itself would go on dropping rollouts for minutes), naming what
-died. When MOLT_FLASHREINFORCE_ACTOR_MAP names a file, it receives, right after `train(args)`, which
-node hosted which of Molt's actors (`cluster.actor_map`).
+died; a process group whose port another process took first is recorded as a fault that a restart
+mends (`cluster.port_race`). When MOLT_FLASHREINFORCE_ACTOR_MAP names a file, it receives, right
+after `train(args)`, which node hosted which of Molt's actors (`cluster.actor_map`).
 
 Environment variables named in MOLT_FLASHREINFORCE_WORKER_ENV (comma-separated, e.g.
 MAX_AGENT_TURNS,ALFWORLD_DATA) are forwarded to every worker, also when Ray attaches to an
@@ -24,7 +25,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Callable
 
-from molt_flashreinforce.cluster import actor_map, actor_watch
+from molt_flashreinforce.cluster import actor_map, actor_watch, port_race
 from molt_flashreinforce.launch.render import WORKER_ENV_VARIABLE
 from molt_flashreinforce.plugin.compat import ACCEPT_VARIABLE, UnsupportedMolt
 from molt_flashreinforce.cluster.progress import PROGRESS_DIR_VARIABLE
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None, *, setup_hook: str | None = None, ray_op
         train(args)
     except lost:
         watch.name_the_fault()  # the dead actor or node behind Molt's error ends the driver with its line
+        raise
+    except Exception as error:
+        port_race.record(error, os.environ.get(PROGRESS_DIR_VARIABLE))  # a restart mends it
         raise
     else:
         watch.stop()
