@@ -488,7 +488,8 @@ def test_a_server_whose_port_was_taken_first_starts_again_on_a_new_one(monkeypat
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     ports = iter([taken.getsockname()[1]])  # another process is given the first free port too
-    monkeypatch.setattr(engine, "_free_port", lambda: next(ports, 0) or _unused_port())
+    free_port = engine._free_port
+    monkeypatch.setattr(engine, "_free_port", lambda: next(ports, 0) or free_port())
     monkeypatch.setattr(engine, "server_command", lambda model, settings, port: ["-c", _HEALTH_SERVER, str(port)])
     log = tmp_path / "vllm.log"
     log.write_bytes(b"an earlier eval's server: OSError: [Errno 98] Address already in use\n")  # not this start's
@@ -502,12 +503,6 @@ def test_a_server_whose_port_was_taken_first_starts_again_on_a_new_one(monkeypat
     with pytest.raises(engine.EngineError, match="exited with status 1 before it served m(.|\n)*no model"):
         with engine.VllmServer("m", settings, log, tmp_path / "cache"):
             pass
-
-
-def _unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 # ── one episode over HTTP: Molt's client, the experiment's agent file, the sandbox ──
