@@ -12,13 +12,11 @@ and prints its line; any other error is left alone.
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 import sys
 from pathlib import Path
 
-from molt_flashreinforce.cluster.progress import failure_line, record_failure, reported_step
+from molt_flashreinforce.cluster.progress import failure_line, record_failure, reported_step, this_node
 
 ADDRESS_IN_USE = "EADDRINUSE"
 # The head of a Ray task error's text: "ray::PolicyModelActor.init_model_from_pretrained() (pid=9252, ip=10.0.0.7, ...)"
@@ -46,7 +44,7 @@ def record(error: BaseException, progress_dir: str | None) -> bool:
     where = Path(progress_dir) if progress_dir else None
     task = RAY_TASK.search(str(error))  # Ray's error, which keeps only its text, names the method and node
     fault = {"what": task.group(1) if task else "Molt's driver",
-             "node": task.group(2) if task else os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+             "node": task.group(2) if task else this_node(),
              "step": reported_step(where),
              "cause": f"its process group's port {port} was taken by another process between Molt choosing it "
                       "and binding it (a port race); a new attempt chooses new ports",

@@ -55,6 +55,11 @@ def reported_step(where: Path | None) -> int:
     return int(record["step"]) if record else 0
 
 
+def this_node() -> str:
+    """This node's name as SLURM knows it, else its host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def record_failure(where: Path, fault: dict) -> dict:
     """Write `fault` as the attempt's failure unless one was written first; the one that stands."""
     path = where / FAILURE_FILE
@@ -71,7 +76,7 @@ def record_lasting_failure(what: str, cause: str) -> None:
     where = progress_dir()
     if where is not None:
         record_failure(where, {"what": what, "step": reported_step(where),
-                               "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                               "node": this_node(),
                                "cause": cause, "code_fault": True, "every_attempt": True})
 
 

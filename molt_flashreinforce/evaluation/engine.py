@@ -176,10 +176,11 @@ class VllmServer:
         deadline = time.monotonic() + self.settings.startup_timeout_s
         starts = 1
         while time.monotonic() < deadline:
-            if self.process.poll() is not None and self._port_taken() and starts < PORT_TRIES:
+            exited = self.process.poll() is not None
+            if exited and self._port_taken() and starts < PORT_TRIES:
                 starts += 1  # another process took the port between _free_port() and the server's bind
                 self.start()
-            elif self.process.poll() is not None:
+            elif exited:
                 raise EngineError(f"vLLM's server exited with status {self.process.returncode} before it served "
                                   f"{self.model}; its log ({self.log_path}) ends:\n{self.log_tail()}")
             try:
